@@ -1,0 +1,131 @@
+"""Binary floating-point formats: bit layout, exact limits and special-value rules.
+
+Every constant is written as a hex float, so it is exact; `tests/test_formats.py` checks
+each one against `ml_dtypes.finfo`, `torch.finfo` and the layout formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FloatFormat", "FORMATS", "FORMAT_NAMES", "get_format"]
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A binary format: value = (-1)^s · 2^(E - bias) · 1.f for 0 < E, and 2^(1 - bias) · 0.f for E = 0."""
+
+    name: str
+    exponent_bits: int
+    mantissa_bits: int  # stored fraction bits m; precision p = m + 1
+    bias: int
+    has_inf: bool  # False for float8_e4m3fn: its only special value is NaN (S.1111.111)
+    max_finite: float
+    min_normal: float
+    min_subnormal: float
+    eps: float  # 2^-m: gap between 1 and the next larger value
+    description: str
+
+    @property
+    def precision(self) -> int:
+        """p = m + 1 significant bits, counting the implicit leading one."""
+        return self.mantissa_bits + 1
+
+    @property
+    def total_bits(self) -> int:
+        """1 sign bit + exponent bits + mantissa bits (tf32 is stored in 32-bit words)."""
+        return 1 + self.exponent_bits + self.mantissa_bits
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal number: 1 - bias."""
+        return 1 - self.bias
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the largest finite number: floor(log2(max_finite))."""
+        # IEEE formats reserve the all-ones exponent for inf/NaN; e4m3fn uses it for numbers.
+        top = 2**self.exponent_bits - (2 if self.has_inf else 1)
+        return top - self.bias
+
+    @property
+    def unit_roundoff(self) -> float:
+        """u = 2^-p = eps / 2: the largest relative error of round-to-nearest in the normal range."""
+        return self.eps / 2
+
+    @property
+    def torch_dtype(self) -> Any:
+        """The torch dtype with this exact format, or None where torch has none (tf32)."""
+        import torch
+
+        return getattr(torch, self.name, None) if self.name != "tf32" else None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _fmt(name, e, m, bias, has_inf, max_finite, min_normal, min_subnormal, description):
+    return FloatFormat(
+        name=name,
+        exponent_bits=e,
+        mantissa_bits=m,
+        bias=bias,
+        has_inf=has_inf,
+        max_finite=float.fromhex(max_finite),
+        min_normal=float.fromhex(min_normal),
+        min_subnormal=float.fromhex(min_subnormal),
+        eps=2.0**-m,
+        description=description,
+    )
+
+
+FORMATS: dict[str, FloatFormat] = {
+    f.name: f
+    for f in (
+        _fmt("float64", 11, 52, 1023, True, "0x1.fffffffffffffp+1023", "0x1p-1022", "0x1p-1074",
+             "IEEE binary64"),
+        _fmt("float32", 8, 23, 127, True, "0x1.fffffep+127", "0x1p-126", "0x1p-149",
+             "IEEE binary32"),
+        _fmt("tf32", 8, 10, 127, True, "0x1.ffcp+127", "0x1p-126", "0x1p-136",
+             "NVIDIA TensorFloat-32: float32 range, float16 precision (tensor-core inputs)"),
+        _fmt("float16", 5, 10, 15, True, "0x1.ffcp+15", "0x1p-14", "0x1p-24",
+             "IEEE binary16"),
+        _fmt("bfloat16", 8, 7, 127, True, "0x1.fep+127", "0x1p-126", "0x1p-133",
+             "brain float: float32 range, 8-bit precision"),
+        _fmt("float8_e4m3fn", 4, 3, 7, False, "0x1.cp+8", "0x1p-6", "0x1p-9",
+             "OCP FP8 E4M3: finite only (no inf), one NaN pattern per sign"),
+        _fmt("float8_e5m2", 5, 2, 15, True, "0x1.cp+15", "0x1p-14", "0x1p-16",
+             "OCP FP8 E5M2: IEEE-style, with inf and NaN"),
+    )
+}
+
+FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
+
+# Short names people type; each maps to one registry name.
+_ALIASES = {
+    "fp64": "float64", "double": "float64",
+    "fp32": "float32", "single": "float32",
+    "fp16": "float16", "half": "float16",
+    "bf16": "bfloat16",
+    "fp8_e4m3": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2",
+}
+
+
+def get_format(fmt: str | FloatFormat | Any) -> FloatFormat:
+    """Look up a format by registry name, common alias (fp16, bf16, ...) or torch dtype."""
+    if isinstance(fmt, FloatFormat):
+        return fmt
+    name = fmt
+    if not isinstance(fmt, str):
+        # torch dtypes print as "torch.bfloat16"; accept them without importing torch here.
+        name = str(fmt).removeprefix("torch.")
+    key = _ALIASES.get(name.lower(), name.lower()) if isinstance(name, str) else name
+    try:
+        return FORMATS[key]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown float format {fmt!r}; valid choices: {', '.join(FORMAT_NAMES)} "
+            f"(aliases: {', '.join(sorted(_ALIASES))})"
+        ) from None

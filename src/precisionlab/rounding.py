@@ -1,0 +1,427 @@
+"""Rounding real numbers into a float format: fl(x) for six rounding modes, ulp and neighbours.
+
+Two back ends give bit-identical answers:
+
+* **native** — where torch already casts exactly (round-to-nearest-even from float32 into
+  float16, bfloat16, float8_e5m2, and saturating float8_e4m3fn; float64 into float32 via
+  NumPy), `round_to` casts there and back.
+* **emulated** — everything else (tf32, nearest-away, directed and stochastic modes, float64
+  inputs, non-saturating e4m3fn, saturating IEEE formats) runs one fused, parallel integer
+  kernel over the bit patterns: add a mode-dependent increment below the kept bits, then clear
+  them. Carries ripple into the exponent on their own, which is why this recipe is exact.
+
+Inputs may be NumPy arrays, Python scalars or torch tensors; the result is of the same kind.
+float32 and float64 inputs keep their dtype; narrower float inputs are widened to float32
+first (exactly), since the rounded values need not fit the input's own format.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+import torch
+
+from .formats import FORMATS, FloatFormat, get_format
+
+__all__ = [
+    "MODES",
+    "round_to",
+    "ulp",
+    "next_up",
+    "next_down",
+    "decompose",
+    "BitFields",
+    "rounding_trace",
+    "RoundingTrace",
+]
+
+MODES: tuple[str, ...] = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
+_NEAREST_EVEN, _NEAREST_AWAY, _TOWARD_ZERO, _UP, _DOWN, _STOCHASTIC = range(len(MODES))
+BACKENDS = ("auto", "native", "emulated")
+
+
+@dataclass(frozen=True)
+class _Container:
+    """The binary float a computation is carried in: float32 or float64."""
+
+    dtype: Any
+    int_dtype: Any
+    width: int  # W bits in a word
+    mantissa_bits: int  # P stored fraction bits
+    bias: int
+
+
+_F32 = _Container(np.dtype(np.float32), np.dtype(np.int32), 32, 23, 127)
+_F64 = _Container(np.dtype(np.float64), np.dtype(np.int64), 64, 52, 1023)
+
+
+def _bits(value: float, c: _Container) -> int:
+    """The container's bit pattern of a non-negative value, as a Python int."""
+    return int(np.array(value, dtype=c.dtype).view(c.int_dtype).item())
+
+
+# --------------------------------------------------------------------------- the kernel
+
+
+@numba.njit(inline="always")
+def _splitmix64(z):
+    """One SplitMix64 output for state z (uint64): a well-mixed 64-bit hash of a counter."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@numba.njit(inline="always")
+def _round_word(v, rnd, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
+                overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
+    """Bits of fl(x) for one word v: |x| rounded to a multiple of 2^sh container ulps.
+
+    Written with selects, not branches, so that LLVM vectorises the loop that calls it.
+    rnd: 63 uniform random bits (used by stochastic mode only).
+    """
+    neg = v < 0
+    mag = v & ~sign_value  # clear the sign bit (sign_value is -2^(W-1))
+    big_e = mag >> mant_bits
+    e_eff = max(big_e, 1)  # subnormals share the smallest normal exponent
+    # Bits to drop: the precision gap, plus one per binade below the target's emin.
+    sh = shift_base + max(emin_b - e_eff, 0)
+    tiny = sh > mant_bits  # |x| below the smallest subnormal q: the answer is 0 or q
+    shc = min(sh, mant_bits)
+    mask = (np.int64(1) << shc) - 1
+    half_m1 = mask >> 1
+    implicit = np.int64(1) << mant_bits
+    # The kept part's last bit; or-ing in the implicit bit matters when sh == P.
+    lsb = ((mag | implicit) >> shc) & 1
+    # "away" = a directed mode that moves this sign's magnitude away from zero.
+    away = ((mode == 3) & ~neg) | ((mode == 4) & neg)
+    inc = np.int64(0)
+    inc = half_m1 + lsb if mode == 0 else inc  # ties to even
+    inc = half_m1 + 1 if mode == 1 else inc  # ties away
+    inc = (mask if away else np.int64(0)) if (mode == 3) | (mode == 4) else inc
+    inc = (rnd & mask) if mode == 5 else inc  # P(up) = dropped bits / 2^sh
+    r = (mag + inc) & ~mask
+    # Tiny inputs: compare with q/2, or for stochastic draw up with P = |x|/q = sig / 2^sh.
+    sig = (mag & (implicit - 1)) | (implicit if big_e > 0 else np.int64(0))
+    thr = (sig << max(63 - sh, 0)) >> min(max(sh - 63, 0), 63)
+    up = mag > half_qmin
+    up = (mag >= half_qmin) if mode == 1 else up
+    up = False if mode == 2 else up
+    up = (away & (mag != 0)) if (mode == 3) | (mode == 4) else up
+    up = (rnd < thr) if mode == 5 else up
+    r = (qmin if up else np.int64(0)) if tiny else r
+    # Overflow: directed modes toward zero stop at the largest finite value.
+    toward = (mode == 2) | ((mode == 3) & neg) | ((mode == 4) & ~neg)
+    r = (max_bits if toward else overflow_bits) if r > max_bits else r
+    r = (inf_bits if mag == exp_mask else nan_bits) if mag >= exp_mask else r
+    return (r + sign_value) if neg else r
+
+
+def _deterministic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
+                        overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
+    """dst = bits of fl(src) for the deterministic modes (0-4); int32/int64 views of floats."""
+    for i in numba.prange(src.size):
+        dst[i] = _round_word(np.int64(src[i]), np.int64(0), mant_bits, shift_base, emin_b, qmin,
+                             half_qmin, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
+                             sign_value, mode)
+
+
+def _stochastic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
+                     overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, seed):
+    """dst = bits of stochastically rounded src; element i draws SplitMix64(seed + i)."""
+    for i in numba.prange(src.size):
+        rnd = np.int64(_splitmix64(np.uint64(seed) + np.uint64(i)) >> np.uint64(1))
+        dst[i] = _round_word(np.int64(src[i]), rnd, mant_bits, shift_base, emin_b, qmin,
+                             half_qmin, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
+                             sign_value, 5)
+
+
+def _copy_function(fn, name: str):
+    """A twin of fn under another name, so numba's on-disk cache keeps the two builds apart."""
+    code = fn.__code__.replace(co_name=name)
+    if hasattr(code, "co_qualname"):  # Python >= 3.11
+        code = code.replace(co_qualname=name)
+    twin = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    twin.__doc__ = fn.__doc__
+    return twin
+
+
+# Threads pay off only on long arrays: waking them costs milliseconds on a busy machine,
+# far more than rounding a few thousand values, so short inputs take the serial build.
+_PARALLEL_MIN_SIZE = 1 << 16
+_KERNELS = {
+    (stochastic, parallel): numba.njit(parallel=parallel, cache=True)(
+        _copy_function(loop, loop.__name__ + ("_parallel" if parallel else "_serial")))
+    for stochastic, loop in ((False, _deterministic_loop), (True, _stochastic_loop))
+    for parallel in (False, True)
+}
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def _mode_code(mode: str) -> int:
+    if mode not in MODES:
+        raise ValueError(f"unknown rounding mode {mode!r}; valid choices: {', '.join(MODES)}")
+    return MODES.index(mode)
+
+
+def _to_numpy(x):
+    """(contiguous float32/float64 array, function that turns a result back into x's kind)."""
+    if isinstance(x, torch.Tensor):
+        if not x.is_floating_point():
+            raise TypeError(f"round_to needs a floating-point tensor, got dtype {x.dtype}")
+        t = x.detach()
+        device = t.device
+        if t.dtype not in (torch.float32, torch.float64):
+            t = t.to(torch.float32)  # exact: every narrower float is a float32
+        return t.cpu().contiguous().numpy(), lambda r: torch.from_numpy(r).to(device)
+    if isinstance(x, (bool, int, float)):
+        return np.asarray(x, dtype=np.float64).reshape(1), lambda r: float(r[0])
+    a = np.asarray(x)
+    if a.dtype in (np.float32, np.float64):
+        pass
+    elif a.dtype.kind in "iub":
+        a = a.astype(np.float64)
+    elif a.dtype.itemsize <= 2 and (a.dtype.kind == "f" or a.dtype.name in FORMATS):
+        a = a.astype(np.float32)  # float16 and the ml_dtypes formats widen exactly
+    else:
+        raise TypeError(
+            f"round_to cannot read dtype {a.dtype}; give float16/32/64, bfloat16, float8 or integers"
+        )
+    shape = a.shape  # np.ascontiguousarray makes 0-d arrays 1-d; give the shape back
+    return np.ascontiguousarray(a), lambda r: r if r.shape == shape else r.reshape(shape)
+
+
+def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
+    """A function out -> None that writes the library's exact fl(a) into out, or None."""
+    if a.dtype == np.float64 and fmt.name == "float32" and not saturate:
+        return lambda out: np.copyto(out, a.astype(np.float32))  # C double->float is RNE
+    # torch casts float64 through float32 (double rounding), so only float32 inputs go native.
+    if a.dtype != np.float32 or fmt.torch_dtype is None or fmt.name == "float32":
+        return None
+    # torch 2.13 saturates e4m3fn overflow (inf included) to +-448, and never saturates the
+    # IEEE-style formats, so the torch cast is exact only for these pairings.
+    if saturate != (fmt.name == "float8_e4m3fn"):
+        return None
+    return lambda out: torch.from_numpy(out).copy_(torch.from_numpy(a).to(fmt.torch_dtype))
+
+
+def _emulate(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, rng, saturate: bool):
+    """Write fl(a) into out with the integer kernel."""
+    c = _F32 if a.dtype == np.float32 else _F64
+    exp_mask = ((1 << (c.width - 1 - c.mantissa_bits)) - 1) << c.mantissa_bits
+    nan_bits = exp_mask | (1 << (c.mantissa_bits - 1))  # the quiet NaN
+    max_bits = _bits(fmt.max_finite, c)
+    if saturate:
+        overflow_bits = inf_bits = max_bits
+    else:
+        overflow_bits = inf_bits = exp_mask if fmt.has_inf else nan_bits
+    args = (
+        a.view(c.int_dtype).ravel(), out.view(c.int_dtype).reshape(-1),
+        c.mantissa_bits, c.mantissa_bits - fmt.mantissa_bits, fmt.emin + c.bias,
+        _bits(fmt.min_subnormal, c), _bits(fmt.min_subnormal / 2, c), max_bits,
+        overflow_bits, inf_bits, nan_bits, exp_mask, -(1 << (c.width - 1)),
+    )
+    kernel = _KERNELS[code == _STOCHASTIC, a.size >= _PARALLEL_MIN_SIZE]
+    kernel(*args, int(rng.integers(0, 2**63)) if code == _STOCHASTIC else code)
+
+
+def round_to(x, fmt, mode: str = "nearest_even", rng: np.random.Generator | None = None, *,
+             saturate: bool = False, backend: str = "auto", out: np.ndarray | None = None):
+    """fl(x): x rounded into `fmt` by `mode` (overflow gives inf, or NaN in e4m3fn, unless `saturate`).
+
+    mode: nearest_even (IEEE default), nearest_away (NVIDIA's fp32->tf32 conversion),
+    toward_zero, up (toward +inf), down (toward -inf), stochastic (up with probability equal
+    to the distance from the value below, in ulps; needs `rng`).
+    saturate: overflow and inf go to +-max_finite instead. torch 2.13 casts to float8_e4m3fn
+    this way; ml_dtypes (and older torch) give NaN, this function's default. Directed modes
+    rounding toward zero always stop at +-max_finite, as IEEE 754 prescribes.
+    backend: "auto" picks the native cast where one is exact, else the emulation; "native"
+    raises where no exact native cast exists; "emulated" always runs the integer kernel.
+    out: a contiguous float32/float64 NumPy array of x's shape and dtype to write into (saves
+    allocating, and first touching, a fresh result array on every call).
+    """
+    fmt = get_format(fmt)
+    code = _mode_code(mode)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid choices: {', '.join(BACKENDS)}")
+    if code == _STOCHASTIC and not isinstance(rng, np.random.Generator):
+        raise ValueError(
+            f"stochastic rounding needs rng=np.random.default_rng(seed), got rng={rng!r}"
+        )
+    a, restore = _to_numpy(x)
+    if out is None:
+        out = np.empty_like(a)
+    elif not (isinstance(out, np.ndarray) and isinstance(x, np.ndarray) and out.shape == a.shape
+              and out.dtype == a.dtype and out.flags.c_contiguous):
+        raise ValueError(
+            f"out must be a C-contiguous NumPy array of shape {a.shape} and dtype {a.dtype} "
+            f"for a NumPy input; got {type(out).__name__} {getattr(out, 'shape', '')} "
+            f"{getattr(out, 'dtype', '')}"
+        )
+    if fmt.name == "float64" or (fmt.name == "float32" and a.dtype == np.float32):
+        np.copyto(out, a)  # every input value is already representable
+        return restore(out)
+    native = _native_cast(a, fmt, saturate) if code == _NEAREST_EVEN else None
+    if backend == "native" and native is None:
+        raise ValueError(
+            f"no exact native cast for {a.dtype} -> {fmt.name} with mode={mode!r}, "
+            f"saturate={saturate}; use backend='auto' or 'emulated'"
+        )
+    if native is not None and backend != "emulated":
+        native(out)
+    else:
+        _emulate(a, out, fmt, code, rng, saturate)
+    return restore(out)
+
+
+def _as_float64(x):
+    """(float64 array, function returning a result in x's kind)."""
+    if isinstance(x, torch.Tensor):
+        device = x.device
+        return (x.detach().cpu().to(torch.float64).numpy(),
+                lambda r: torch.from_numpy(np.asarray(r, dtype=np.float64)).to(device))
+    if isinstance(x, (bool, int, float)):
+        return np.asarray(x, dtype=np.float64), float
+    return np.asarray(x).astype(np.float64), lambda r: r
+
+
+def ulp(x, fmt):
+    """ulp(x) = 2^(max(floor(log2|x|), emin) - m): the gap between fmt's values in x's binade.
+
+    Returned as float64 (of x's kind); ulp(0) is the smallest subnormal, binades past emax
+    use emax, ulp(+-inf) = inf and ulp(NaN) = NaN.
+    """
+    fmt = get_format(fmt)
+    a, restore = _as_float64(x)
+    _, e = np.frexp(np.abs(a))  # |x| = f * 2^e with f in [0.5, 1): floor(log2|x|) = e - 1
+    e = np.where(a == 0, fmt.emin, np.clip(e - 1, fmt.emin, fmt.emax))
+    out = np.ldexp(1.0, e - fmt.mantissa_bits)
+    out = np.where(np.isinf(a), np.inf, np.where(np.isnan(a), np.nan, out))
+    return restore(out)
+
+
+def next_up(x, fmt):
+    """The smallest value of fmt strictly greater than x (float64; inf or NaN past the top)."""
+    fmt = get_format(fmt)
+    a, restore = _as_float64(x)
+    if fmt.name == "float64":
+        return restore(np.nextafter(a, np.inf))
+    up = round_to(a, fmt, "up")
+    # x already representable: step half an ulp up (exact in float64), then round up again.
+    with np.errstate(invalid="ignore"):  # -inf + inf: that entry is replaced below
+        stepped = round_to(a + np.asarray(ulp(a, fmt)) / 2, fmt, "up")
+    out = np.where(up > a, up, stepped)
+    out = np.where(a == -np.inf, -fmt.max_finite, out)
+    return restore(out)
+
+
+def next_down(x, fmt):
+    """The largest value of fmt strictly less than x: -next_up(-x)."""
+    a, restore = _as_float64(x)
+    return restore(-np.asarray(next_up(-a, fmt)))
+
+
+# --------------------------------------------------------------------------- for display
+
+
+@dataclass(frozen=True)
+class BitFields:
+    """The fields of one value of a format and what they mean."""
+
+    value: float
+    fmt: str
+    sign: int
+    exponent: int  # the stored (biased) exponent field E
+    mantissa: int  # the stored fraction field f, an m-bit integer
+    kind: str  # zero, subnormal, normal, inf or nan
+    bits: str  # "s eeeee ffffffffff"
+    meaning: str  # the value written out from the fields
+
+    def __str__(self) -> str:
+        return f"{self.fmt:>14}  {self.bits}  {self.kind:<9}  {self.meaning}"
+
+
+def decompose(x: float, fmt, mode: str = "nearest_even") -> BitFields:
+    """Round scalar x into fmt and split it into sign, exponent and mantissa fields."""
+    fmt = get_format(fmt)
+    v = float(round_to(float(x), fmt, mode, rng=np.random.default_rng(0)))
+    e_bits, m_bits = fmt.exponent_bits, fmt.mantissa_bits
+    sign = int(np.signbit(v))
+    top = 2**e_bits - 1
+    if np.isnan(v):
+        kind, big_e, frac = "nan", top, (2**m_bits - 1 if not fmt.has_inf else 2 ** (m_bits - 1))
+        meaning = "NaN"
+    elif np.isinf(v):
+        kind, big_e, frac, meaning = "inf", top, 0, ("-" if sign else "+") + "inf"
+    elif v == 0:
+        kind, big_e, frac, meaning = "zero", 0, 0, ("-" if sign else "+") + "0"
+    elif abs(v) < fmt.min_normal:
+        kind, big_e = "subnormal", 0
+        frac = int(abs(v) / fmt.min_subnormal)
+        meaning = f"(-1)^{sign} * 2^{fmt.emin} * 0.{frac:0{m_bits}b}b = {v!r}"
+    else:
+        kind = "normal"
+        _, e = np.frexp(abs(v))
+        big_e = int(e) - 1 + fmt.bias
+        frac = int(np.ldexp(abs(v), m_bits - (int(e) - 1))) - 2**m_bits
+        meaning = f"(-1)^{sign} * 2^{int(e) - 1} * 1.{frac:0{m_bits}b}b = {v!r}"
+    bits = f"{sign} {big_e:0{e_bits}b} {frac:0{m_bits}b}"
+    return BitFields(v, fmt.name, sign, big_e, frac, kind, bits, meaning)
+
+
+@dataclass(frozen=True)
+class RoundingTrace:
+    """One float32 value rounded by hand: which bits are kept, what is added, what is left."""
+
+    x: float
+    fmt: str
+    mode: str
+    dropped_bits: int  # how many low bits of the float32 pattern are cleared
+    bits_in: str  # the float32 pattern, kept | dropped
+    increment: int  # added to the pattern before clearing
+    bits_out: str
+    value_out: float
+
+    def __str__(self) -> str:
+        return (f"x = {self.x!r} (float32)   {self.bits_in}\n"
+                f"+ increment {self.increment:#x} ({self.mode})\n"
+                f"= clear {self.dropped_bits} low bits   {self.bits_out}   -> {self.value_out!r}")
+
+
+def rounding_trace(x: float, fmt, mode: str = "nearest_even") -> RoundingTrace:
+    """Show the add-then-clear recipe on one normal float32 value (not the tiny or overflow cases)."""
+    fmt = get_format(fmt)
+    code = _mode_code(mode)
+    if code == _STOCHASTIC:
+        raise ValueError("rounding_trace shows the deterministic modes; stochastic draws its increment")
+    a = np.float32(x)
+    word = int(np.array(a).view(np.uint32))
+    mag, neg = word & 0x7FFFFFFF, word >> 31
+    big_e = mag >> 23
+    sh = 23 - fmt.mantissa_bits + max(0, fmt.emin + 127 - max(big_e, 1))
+    if not (np.isfinite(a) and a != 0 and sh <= 23 and abs(float(a)) <= fmt.max_finite):
+        raise ValueError(
+            f"rounding_trace needs a nonzero float32 within {fmt.name}'s range that keeps at "
+            f"least one bit; got {x!r}"
+        )
+    mask = (1 << sh) - 1
+    away = (code == _UP and not neg) or (code == _DOWN and neg)
+    inc = {
+        _NEAREST_EVEN: (mask >> 1) + (((mag | 1 << 23) >> sh) & 1),
+        _NEAREST_AWAY: (mask >> 1) + 1,
+        _TOWARD_ZERO: 0,
+    }.get(code, mask if away else 0)
+    out = ((mag + inc) & ~mask) | (neg << 31)
+
+    def show(w: int) -> str:
+        s = f"{w:032b}"
+        return f"{s[0]} {s[1:9]} {s[9:32 - sh]}|{s[32 - sh:]}"
+
+    value = float(np.array(out, dtype=np.uint32).view(np.float32))
+    return RoundingTrace(float(a), fmt.name, mode, sh, show(word), inc, show(out), value)

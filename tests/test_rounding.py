@@ -1,0 +1,345 @@
+"""round_to, ulp and neighbours against independent oracles: library casts, value tables, rationals."""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oracles import (
+    ML_DTYPES, all_patterns, finite_values, fraction_round, overflow_neighbour, same_bits, table_round,
+)
+from precisionlab.formats import FORMATS, get_format
+from precisionlab.rounding import (
+    MODES, decompose, next_down, next_up, round_to, rounding_trace, ulp,
+)
+
+# The inputs deliberately include overflow and NaN, which NumPy's casts warn about.
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+
+SMALL = ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
+NARROW = ["tf32", *SMALL]
+DETERMINISTIC = [m for m in MODES if m != "stochastic"]
+BACKENDS = ["auto", "emulated"]
+N_RANDOM = 1_000_000
+
+
+def random_inputs(name: str, n: int = N_RANDOM, seed: int = 0) -> np.ndarray:
+    """float32 test inputs: raw bit patterns, the format's range, exact ties, near-ties, specials."""
+    fmt = get_format(name)
+    rng = np.random.default_rng(seed)
+    table = finite_values(fmt)
+    big = overflow_neighbour(fmt)
+    ext = np.concatenate([[-big], table, [big]])
+    k = n // 10
+    raw = rng.integers(0, 2**32, size=4 * k, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    scale = rng.standard_normal(2 * k) * np.exp2(
+        rng.integers(fmt.emin - fmt.mantissa_bits - 3, fmt.emax + 3, size=2 * k))
+    i = rng.integers(0, len(ext) - 1, size=2 * k)
+    ties = (ext[i] + ext[i + 1]) / 2  # exact midpoints of neighbours, representable in float32
+    j = rng.integers(0, len(ext), size=k)
+    near = np.nextafter(ext[j].astype(np.float32), rng.choice([-np.inf, np.inf], size=k).astype(np.float32))
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, fmt.max_finite, -fmt.max_finite, big, -big,
+                         fmt.min_subnormal, -fmt.min_subnormal, fmt.min_subnormal / 2, fmt.min_normal,
+                         fmt.min_normal * (1 - 2.0**-20), 3 * fmt.min_subnormal / 4])
+    rest = n - (4 * k + 2 * k + 2 * k + k)
+    tail = np.resize(specials, rest)
+    x = np.concatenate([raw, scale, ties, near, tail]).astype(np.float32)
+    assert np.array_equal(ties.astype(np.float32).astype(np.float64), ties)  # ties really exact
+    return x
+
+
+@pytest.fixture(scope="module", params=NARROW)
+def inputs(request):
+    return request.param, random_inputs(request.param)
+
+
+# ------------------------------------------------------------------ every pattern round-trips
+
+
+@pytest.mark.parametrize("name", SMALL)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_bit_pattern_round_trips(name, mode, dtype):
+    values = all_patterns(name).astype(dtype)
+    for backend in BACKENDS:
+        got = round_to(values, name, mode, rng=np.random.default_rng(1), backend=backend)
+        assert got.dtype == dtype
+        assert same_bits(got, values).all(), (name, mode, backend)
+
+
+def test_every_tf32_value_round_trips():
+    values = finite_values("tf32").astype(np.float32)
+    for mode in MODES:
+        assert same_bits(round_to(values, "tf32", mode, rng=np.random.default_rng(2)), values).all()
+
+
+# ------------------------------------------------------------------ nearest-even = the libraries
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nearest_even_matches_ml_dtypes_on_a_million_values(inputs, backend):
+    name, x = inputs
+    if name == "tf32":
+        pytest.skip("no library has a tf32 dtype; tf32 is checked against the value table below")
+    want = x.astype(ML_DTYPES[name]).astype(np.float32)  # ml_dtypes: e4m3fn overflow -> NaN
+    got = round_to(x, name, backend=backend)
+    assert same_bits(got, want).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nearest_even_matches_torch_casts_on_a_million_values(inputs, backend):
+    name, x = inputs
+    if name == "tf32":
+        pytest.skip("torch has no tf32 dtype")
+    dtype = FORMATS[name].torch_dtype
+    with np.errstate(over="ignore"):
+        want = torch.from_numpy(x).to(dtype).to(torch.float32).numpy()
+    # torch 2.13 saturates float8_e4m3fn; round_to does so only when asked.
+    got = round_to(x, name, saturate=(name == "float8_e4m3fn"), backend=backend)
+    assert same_bits(got, want).all()
+
+
+def test_e4m3fn_overflow_options_differ_exactly_where_documented():
+    x = np.array([448.0, 463.9, 464.0, 464.1, 1e6, np.inf, -np.inf, -500.0], np.float32)
+    assert same_bits(round_to(x, "float8_e4m3fn"),
+                     [448, 448, 448, np.nan, np.nan, np.nan, np.nan, np.nan]).all()
+    assert same_bits(round_to(x, "float8_e4m3fn", saturate=True),
+                     [448, 448, 448, 448, 448, 448, -448, -448]).all()
+
+
+# ------------------------------------------------------------------ every mode = the value table
+
+
+@pytest.mark.parametrize("mode", DETERMINISTIC)
+@pytest.mark.parametrize("saturate", [False, True])
+def test_every_deterministic_mode_matches_the_value_table(inputs, mode, saturate):
+    name, x = inputs
+    want = table_round(x, name, mode, saturate=saturate)
+    got = round_to(x, name, mode, saturate=saturate)
+    bad = ~same_bits(got, want)
+    assert not bad.any(), (x[bad][:5], got[bad][:5], want[bad][:5])
+
+
+@pytest.mark.parametrize("name", NARROW)
+@pytest.mark.parametrize("mode", DETERMINISTIC)
+def test_float64_inputs_round_once_against_the_value_table(name, mode):
+    rng = np.random.default_rng(3)
+    x32 = random_inputs(name, 100_000, seed=4).astype(np.float64)
+    # Perturb below float32 resolution so that float64 -> float32 -> fmt would round twice.
+    x = x32 * (1 + rng.choice([-1, 1], size=x32.size) * 2.0**-40)
+    got = round_to(x, name, mode)
+    assert got.dtype == np.float64
+    assert same_bits(got, table_round(x, name, mode)).all()
+
+
+def test_double_rounding_in_library_casts_is_avoided():
+    v = 1.0 + 2.0**-8 + 2.0**-30  # above the bf16 midpoint, but float32 rounds it onto the midpoint
+    assert torch.tensor(v, dtype=torch.float64).to(torch.bfloat16).item() == 1.0  # torch double-rounds
+    assert round_to(v, "bfloat16") == 1.0 + 2.0**-7 == fraction_round(v, "bfloat16", "nearest_even")
+
+
+@pytest.mark.parametrize("mode", DETERMINISTIC)
+def test_float64_to_float32_against_exact_rationals(mode):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(3000) * np.exp2(rng.integers(-160, 130, size=3000))
+    x[:200] = (np.float32(1.5) + np.arange(200, dtype=np.float32) * np.float32(2.0**-22)).astype(np.float64) \
+        + 2.0**-24  # exact float32 ties
+    got = round_to(x, "float32", mode)
+    want = np.array([fraction_round(float(v), "float32", mode) for v in x])
+    assert same_bits(got, want).all()
+
+
+@pytest.mark.parametrize("name", NARROW)
+@pytest.mark.parametrize("mode", DETERMINISTIC)
+def test_random_values_against_exact_rationals(name, mode):
+    x = random_inputs(name, 2000, seed=6)
+    x = x[np.isfinite(x)]
+    want = np.array([fraction_round(float(v), name, mode) for v in x])
+    assert same_bits(round_to(x, name, mode), want).all()
+    assert same_bits(round_to(x.astype(np.float64), name, mode), want).all()
+
+
+# ------------------------------------------------------------------ stochastic rounding
+
+
+@pytest.mark.parametrize(
+    "name, x",
+    [("bfloat16", 1 + 2.0**-9), ("bfloat16", -0.3), ("float16", 1e-7), ("float16", 2.0**-26),
+     ("float8_e4m3fn", 0.7), ("tf32", 1 / 3), ("bfloat16", 2.0**-140)],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stochastic_rounding_is_unbiased(name, x, dtype):
+    n = 400_000
+    xs = np.full(n, x, dtype=dtype)
+    lo, hi = table_round(xs[:1], name, "down")[0], table_round(xs[:1], name, "up")[0]
+    x_exact = float(xs[0])
+    got = round_to(xs, name, "stochastic", rng=np.random.default_rng(7)).astype(np.float64)
+    assert set(np.unique(got)) <= {lo, hi}
+    p_up = (x_exact - lo) / (hi - lo)
+    # Five standard errors of a mean of n two-point draws: fails by chance with p < 1e-6.
+    bound = 5 * (hi - lo) * math.sqrt(p_up * (1 - p_up) / n)
+    assert abs(got.mean() - x_exact) <= bound
+    assert abs((got == hi).mean() - p_up) <= 5 * math.sqrt(p_up * (1 - p_up) / n)
+
+
+def test_stochastic_rounding_is_reproducible_from_the_rng_and_varies_between_draws():
+    x = np.full(1000, 1 + 2.0**-9, np.float32)
+    a = round_to(x, "bfloat16", "stochastic", rng=np.random.default_rng(9))
+    b = round_to(x, "bfloat16", "stochastic", rng=np.random.default_rng(9))
+    rng = np.random.default_rng(9)
+    c1 = round_to(x, "bfloat16", "stochastic", rng=rng)
+    c2 = round_to(x, "bfloat16", "stochastic", rng=rng)
+    assert np.array_equal(a, b) and np.array_equal(a, c1)
+    assert not np.array_equal(c1, c2)
+
+
+# ------------------------------------------------------------------ properties
+
+
+finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(x=finite32, y=finite32, name=st.sampled_from(NARROW), mode=st.sampled_from(DETERMINISTIC))
+def test_rounding_is_monotone_and_brackets_x(x, y, name, mode):
+    x, y = sorted([x, y])
+    a = np.array([x, y], np.float32)
+    fx, fy = round_to(a, name, mode, saturate=True)
+    assert fx <= fy
+    down, up = round_to(a[:1], name, "down", saturate=True)[0], round_to(a[:1], name, "up", saturate=True)[0]
+    assert down <= x <= up or abs(x) > FORMATS[name].max_finite
+    assert fx in (down, up)
+    if abs(x) <= FORMATS[name].max_finite:
+        assert float(up) - float(down) in (0.0, ulp(float(down if x >= 0 else up), name))
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=finite32, name=st.sampled_from(NARROW))
+def test_nearest_is_no_farther_than_the_other_neighbour(x, name):
+    if abs(x) > FORMATS[name].max_finite:
+        return
+    r = float(round_to(np.float32(x).reshape(1), name)[0])
+    down = float(round_to(np.float32(x).reshape(1), name, "down")[0])
+    up = float(round_to(np.float32(x).reshape(1), name, "up")[0])
+    assert abs(r - x) <= min(abs(down - x), abs(up - x))
+
+
+# ------------------------------------------------------------------ ulp and neighbours
+
+
+@pytest.mark.parametrize("name", NARROW)
+def test_next_up_and_down_walk_the_value_table(name):
+    table = finite_values(name)
+    rng = np.random.default_rng(10)
+    x = np.concatenate([table[rng.integers(0, len(table), 20_000)], rng.standard_normal(5000)])
+    x = x[np.abs(x) < FORMATS[name].max_finite]
+    up = table[np.searchsorted(table, x, side="right")]
+    down = table[np.searchsorted(table, x, side="left") - 1]
+    assert np.array_equal(next_up(x, name), up)
+    assert np.array_equal(next_down(x, name), down)
+
+
+@pytest.mark.parametrize("name", ["float32", "float16", "bfloat16"])
+def test_ulp_matches_numpy_spacing(name):
+    dtype = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[name]
+    x = np.concatenate([all_patterns("float16"), np.random.default_rng(11).standard_normal(1000)])
+    # np.spacing(max_finite) is inf (the step to overflow); ulp keeps the top binade's spacing.
+    x = x[np.isfinite(x) & (np.abs(x) < FORMATS[name].max_finite)].astype(dtype)
+    want = np.spacing(np.abs(x)).astype(np.float64)
+    assert np.array_equal(ulp(x.astype(np.float64), name), want)
+
+
+def test_ulp_edges_and_the_bf16_rule_of_thumb():
+    bf16 = FORMATS["bfloat16"]
+    assert ulp(0.0, "bfloat16") == bf16.min_subnormal
+    assert ulp(1.0, "bfloat16") == 2.0**-7
+    assert np.isinf(ulp(np.inf, "float16")) and np.isnan(ulp(np.nan, "float16"))
+    assert next_up(448.0, "float8_e4m3fn") != next_up(448.0, "float8_e4m3fn")  # NaN: no inf in e4m3fn
+    assert next_up(65504.0, "float16") == np.inf
+    assert math.copysign(1, next_up(-2.0**-24, "float16")) == -1.0  # -0.0
+
+
+# ------------------------------------------------------------------ kinds, dtypes, errors
+
+
+def test_result_kind_follows_the_input():
+    t = torch.tensor([1.0, 1.0 + 2**-8], dtype=torch.bfloat16)
+    r = round_to(t, "float8_e4m3fn")
+    assert isinstance(r, torch.Tensor) and r.dtype == torch.float32
+    t64 = torch.tensor([0.1], dtype=torch.float64)
+    assert round_to(t64, "tf32", "nearest_away").dtype == torch.float64
+    assert isinstance(round_to(0.1, "bfloat16"), float)
+    z = round_to(np.array(0.1), "bfloat16")
+    assert isinstance(z, np.ndarray) and z.shape == ()
+    strided = np.arange(20, dtype=np.float32)[::3] / 7
+    assert same_bits(round_to(strided, "bfloat16"), strided.astype(ml_dtypes.bfloat16)).all()
+    assert round_to(np.array([3], dtype=np.int64), "float8_e4m3fn").dtype == np.float64
+    bf = np.array([1.5], dtype=ml_dtypes.bfloat16)
+    assert round_to(bf, "float8_e5m2").dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [({"fmt": "fp12"}, ["'fp12'", "bfloat16"]),
+     ({"fmt": "bf16", "mode": "nearest"}, ["'nearest'", "nearest_even", "stochastic"]),
+     ({"fmt": "bf16", "mode": "stochastic"}, ["rng=None", "default_rng"]),
+     ({"fmt": "bf16", "backend": "gpu"}, ["'gpu'", "emulated"]),
+     ({"fmt": "tf32", "backend": "native"}, ["tf32", "emulated"])],
+)
+def test_bad_input_names_the_bad_value_and_the_choices(kwargs, words):
+    with pytest.raises(ValueError) as err:
+        round_to(np.ones(2, np.float32), **kwargs)
+    assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_integer_tensors_are_refused_by_name():
+    with pytest.raises(TypeError, match="int64"):
+        round_to(torch.arange(3), "bfloat16")
+
+
+# ------------------------------------------------------------------ display helpers
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_decompose_fields_equal_the_stored_bit_patterns(name):
+    fmt = FORMATS[name]
+    dt = np.dtype(ML_DTYPES[name])
+    step = 1 if dt.itemsize == 1 else 97  # every fp8 pattern, a spread of 16-bit ones
+    values = all_patterns(name)
+    for pattern in range(0, 2 ** (8 * dt.itemsize), step):
+        v = float(values[pattern])
+        f = decompose(v, name)
+        if math.isnan(v):
+            assert f.kind == "nan"
+            continue
+        want = f"{pattern:0{fmt.total_bits}b}"
+        assert f.bits.replace(" ", "") == want, (name, v, f.bits, want)
+
+
+def test_rounding_trace_agrees_with_round_to():
+    rng = np.random.default_rng(12)
+    for name in NARROW:
+        for mode in DETERMINISTIC:
+            signs = rng.choice([-1.0, 1.0], size=50)
+            for x in (signs * np.exp(rng.uniform(np.log(0.01), np.log(100), size=50))).astype(np.float32):
+                t = rounding_trace(float(x), name, mode)
+                assert t.value_out == float(round_to(np.float32(x).reshape(1), name, mode)[0])
+    with pytest.raises(ValueError, match="stochastic"):
+        rounding_trace(1.0, "bfloat16", "stochastic")
+
+
+def test_out_receives_the_result_and_is_checked():
+    x = random_inputs("bfloat16", 10_000, seed=13)
+    out = np.full_like(x, 7.0)
+    for mode in DETERMINISTIC:
+        r = round_to(x, "bfloat16", mode, out=out)
+        assert r is out
+        assert same_bits(out, table_round(x, "bfloat16", mode)).all()
+    with pytest.raises(ValueError, match="float32"):
+        round_to(x, "bfloat16", out=np.empty(x.shape, np.float64))
+    with pytest.raises(ValueError, match="NumPy input"):
+        round_to(torch.from_numpy(x), "bfloat16", out=out)

@@ -551,11 +551,13 @@ def plot_layer_gradients(probes: Mapping, which: str = "signal", model=None,
     positive = [p.stats(which).median_abs for p in probes.values()]
     lowest = min([m[m > 0].min() for m in positive if (m > 0).any()] + [floor_value("float16")])
     bottom = lowest / 20  # exact zeros are drawn just above this edge
-    for name, probe in probes.items():
+    for j, (name, probe) in enumerate(probes.items()):
         med = probe.stats(which).median_abs
         k = np.arange(med.size)
         color = FORMAT_COLORS.get(probe.fmt)
-        ax.plot(k, np.where(med > 0, med, np.nan), color=color, label=f"{name}")
+        # Earlier probes are drawn wider, so curves that coincide stay visible.
+        ax.plot(k, np.where(med > 0, med, np.nan), color=color, lw=max(3.6 - 1.1 * j, 1.2),
+                label=f"{name}")
         zero = med == 0
         if zero.any():
             ax.plot(k[zero], np.full(zero.sum(), bottom * 2), "v", ms=4, color=color,
@@ -577,16 +579,21 @@ def plot_layer_gradients(probes: Mapping, which: str = "signal", model=None,
 
 
 def plot_zero_fraction(probes: Mapping, which: str = "weight", ax: Axes | None = None) -> Axes:
-    """Fraction of exactly-zero gradient entries per depth for each probe (format)."""
+    """Fraction of exactly-zero gradient entries per depth for each probe; which: weight, signal or both."""
     ax = _axes(ax)
+    kinds = ("weight", "signal") if which == "both" else (which,)
+    names = {"weight": "dL/dW", "signal": "dL/dh"}
     for name, probe in probes.items():
-        z = probe.stats(which).zero_fraction
-        ax.plot(np.arange(z.size), z, color=FORMAT_COLORS.get(probe.fmt), label=name)
+        for kind, ls in zip(kinds, ("-", "--"), strict=False):
+            z = probe.stats(kind).zero_fraction
+            label = name if len(kinds) == 1 else f"{name}, {names[kind]}"
+            ax.plot(np.arange(z.size), z, color=FORMAT_COLORS.get(probe.fmt), ls=ls, label=label)
     ax.axhline(0.5, color="#888888", ls=":", lw=1, label="half the entries")
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("depth k (layers below the loss)")
     ax.set_ylabel("fraction exactly zero")
-    ax.set_title(f"Exact zeros in {'dL/dW' if which == 'weight' else 'dL/dh'} by depth")
+    shown = " and ".join(names[k] for k in kinds)
+    ax.set_title(f"Exact zeros in {shown} by depth")
     ax.legend(fontsize=8.5)
     return ax
 

@@ -262,11 +262,12 @@ def reduction_view(order: str = "atomic", acc="float16", block: int = 1, margin:
     flip = float(flip_probability(sums, exact, m))
     u = float(ulp(exact, f))
     lines = [
-        f"{n} float16 values summed in order={order!r} (block={block}), {f.name} accumulator",
-        f"exact sum S = {exact!r};  tol = S (1 {'+' if m > 0 else '-'} {abs(m):.1e}) = {tol!r}",
+        f"{n} float16 values, order={order!r}, block={block}, {f.name} accumulator",
+        f"exact sum S = {exact:.10g}",
+        f"tol = S (1 {'+' if m > 0 else '-'} {abs(m):.1e}) = {tol:.10g}",
         f"exact decision: S < tol is {exact < tol} ({'stop' if exact < tol else 'continue'})",
-        f"rounded sums: {np.unique(sums).size} distinct value(s) in {lanes} run(s), from "
-        f"{(sums.min() - exact) / u:+.1f} to {(sums.max() - exact) / u:+.1f} ulps of S",
+        f"{lanes} run(s): {np.unique(sums).size} distinct sum(s), "
+        f"{(sums.min() - exact) / u:+.1f} to {(sums.max() - exact) / u:+.1f} ulps from S",
         f"decision flipped in {flip:.1%} of runs",
     ]
     fig, ax = _figure(3.8)

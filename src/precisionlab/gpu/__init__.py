@@ -1,0 +1,54 @@
+"""A CPU simulator of how GPUs add numbers: reduction orders, matmuls and tensor cores.
+
+Submodules, one concept each:
+
+* `arith`: fl(a + b) rounded once from the exact sum, the step every simulation is made of;
+* `reductions`: sums in the orders GPU kernels use (trees, warps, split-K, atomics, Kahan);
+* `decisions`: when a rounded sum flips a threshold test S < tol;
+* `profiles`: named device settings (fp32 CUDA cores, tf32/bf16/fp16 tensor cores, fp8);
+* `matmul`: matrix products under a profile (idealised: every add rounded once);
+* `tensorcore`: the bit-level block fused multiply-add measured by Fasi et al. (2021);
+* `solvers`: a small iterative solver whose matmuls run under a profile.
+"""
+
+from .arith import RoundedAdder, rounded_add
+from .decisions import boundary_terms, decision_margin, flip_probability
+from .matmul import matmul, round_operands
+from .profiles import PROFILE_NAMES, PROFILES, DeviceProfile, describe, get_profile
+from .reductions import DETERMINISTIC_ORDERS, ORDERS, atomic_orders, exact_sum, reduce_sum
+from .solvers import SolveResult, iterations_to_reach, jacobi_solve
+from .tensorcore import (
+    TENSOR_CORE_MODELS,
+    TensorCoreModel,
+    block_fma,
+    get_tensor_core_model,
+    tensor_core_matmul,
+)
+
+__all__ = [
+    "DETERMINISTIC_ORDERS",
+    "ORDERS",
+    "PROFILES",
+    "PROFILE_NAMES",
+    "TENSOR_CORE_MODELS",
+    "DeviceProfile",
+    "RoundedAdder",
+    "SolveResult",
+    "TensorCoreModel",
+    "atomic_orders",
+    "block_fma",
+    "boundary_terms",
+    "decision_margin",
+    "describe",
+    "exact_sum",
+    "flip_probability",
+    "get_profile",
+    "get_tensor_core_model",
+    "iterations_to_reach",
+    "jacobi_solve",
+    "matmul",
+    "reduce_sum",
+    "round_operands",
+    "rounded_add",
+    "tensor_core_matmul",
+]

@@ -1,0 +1,78 @@
+"""Matrix products under a device profile, idealised: every accumulation rounded once.
+
+C[i, j] = fl_out(s) where, for each of `splits` consecutive k-chunks, the chunk's products
+a_ik * b_kj (exact: the operands have at most 24 significant bits) are added one by one into
+the profile's accumulator, acc = fl_acc(acc + a_ik b_kj) as a fused multiply-add does; with
+`promote_every`, the accumulator is added into a float32 sum and cleared every that many
+products; the chunk partials are then added in order. All (i, j) entries advance together:
+a loop over k, not over entries. For the bit-level tensor-core arithmetic (truncation, no
+normalisation inside a block) see `precisionlab.gpu.tensorcore`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..rounding import round_to
+from .arith import RoundedAdder, progress
+from .profiles import DeviceProfile, get_profile
+
+__all__ = ["matmul", "round_operands"]
+
+
+def _as_matrix(x, name: str) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D matrix; got shape {a.shape}")
+    return a
+
+
+def round_operands(a, profile: str | DeviceProfile) -> np.ndarray:
+    """fl_in(a): the operand as the profile's tensor cores see it (float64 array)."""
+    p = get_profile(profile)
+    return np.asarray(round_to(np.ascontiguousarray(np.asarray(a, dtype=np.float64)), p.inputs,
+                               p.input_mode, saturate=p.saturate), dtype=np.float64)
+
+
+def matmul(a, b, profile: str | DeviceProfile = "fp32", *, splits: int = 1,
+           rng: np.random.Generator | None = None) -> np.ndarray:
+    """C = A·B under `profile`: fl_in operands, exact products, acc = fl_acc(acc + a_ik b_kj), fl_out(C).
+
+    a: (m, k), b: (k, n) arrays or tensors. splits: split-K, the number of consecutive
+    k-chunks accumulated independently and then added in order. rng: only for profiles that
+    round stochastically. Returns a float64 (m, n) array of output-format values.
+    """
+    p = get_profile(profile)
+    A = _as_matrix(a, "a")
+    B = _as_matrix(b, "b")
+    if A.shape[1] != B.shape[0]:
+        raise ValueError(f"inner dimensions differ: a is {A.shape}, b is {B.shape}")
+    if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)) or splits < 1:
+        raise ValueError(f"splits must be a positive integer; got splits={splits!r}")
+    m, k = A.shape
+    n = B.shape[1]
+    splits = int(splits)
+    A = round_operands(A, p)
+    B = round_operands(B, p)
+    chunk = -(-k // splits)
+    pad = splits * chunk - k  # zero products add nothing
+    A3 = np.pad(A, ((0, 0), (0, pad))).reshape(m, splits, chunk)
+    B3 = np.pad(B, ((0, pad), (0, 0))).reshape(splits, chunk, n)
+
+    inner = RoundedAdder(p.accumulator_format, p.acc_mode, rng)
+    outer = RoundedAdder(p.promote_to, "nearest_even") if p.promote_every else inner
+    acc = np.zeros((splits, m, n), dtype=inner.dtype)
+    total = np.zeros((splits, m, n), dtype=outer.dtype) if p.promote_every else None
+    for t in progress(range(chunk), splits * m * n * chunk, "simulated matmul"):
+        prod = A3[:, :, t].T[:, :, None] * B3[:, t, None, :]  # (splits, m, n), exact
+        acc = inner.add_any(acc, prod)
+        if p.promote_every and ((t + 1) % p.promote_every == 0 or t == chunk - 1):
+            total = outer.add(total, outer.convert(acc))  # acc's values fit promote_to exactly
+            acc = np.zeros_like(acc)
+    parts = total if p.promote_every else acc
+    c = parts[0]
+    for s in range(1, splits):
+        c = outer.add(c, parts[s])
+    return np.asarray(round_to(np.ascontiguousarray(c, dtype=np.float64), p.output), dtype=np.float64)

@@ -1,0 +1,160 @@
+"""The tensor-core block fused multiply-add at bit level, as measured by Fasi et al. (2021).
+
+One mma step computes d = c + a_1 b_1 + ... + a_B b_B for a block of B products. On the
+V100, T4 and A100 tensor cores, Fasi, Higham, Mikaitis and Pranesh found (PeerJ Computer
+Science 7:e330; test programs in north-numerical-computing/tensor-cores-numerical-behavior):
+
+1. the products a_i b_i are exact;
+2. c and the products are aligned to the term of largest magnitude: with that term's
+   exponent e_max, each significand keeps the bits down to 2^(e_max - 23 - g), where g
+   extra alignment bits exist below float32's 24 (g = 0 on V100, g = 1 on T4 and A100), and
+   the bits shifted out are cut off (truncation, toward zero);
+3. the aligned terms are added as fixed-point numbers with no normalisation inside the block;
+   extra bits above the leading bit hold the carries (their tests find three, enough for
+   the five terms of a 4-product block; a model must have enough for its block size);
+4. the block result is normalised once, truncating to float32 - so positive results round
+   down and negative ones round up; with a float16 output it is then rounded to nearest.
+
+Consequences they demonstrate, reproduced in tests/test_gpu_tensorcore.py: the sum starts
+from the largest term whatever its position, tiny terms vanish next to a large one although
+float32 could hold their sum, and the dot product is not monotonic (a larger c can give a
+smaller d). Khattak and Mikaitis (2025) extend such models, bit-accurately, to H100 and B200
+with wider blocks; `TensorCoreModel` takes the block size, g and carry bits as parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats import get_format
+from ..rounding import round_to
+from .profiles import lookup
+
+__all__ = [
+    "TENSOR_CORE_MODELS",
+    "TensorCoreModel",
+    "block_fma",
+    "get_tensor_core_model",
+    "tensor_core_matmul",
+]
+
+_ACC_PRECISION = 24  # float32 significand bits: the accumulator every measured generation uses
+_OUTPUTS = ("float32", "float16")
+
+
+@dataclass(frozen=True)
+class TensorCoreModel:
+    """Block FMA parameters: B products per block, g alignment bits, carry bits above the lead bit."""
+
+    name: str
+    block: int
+    align_bits: int
+    carry_bits: int
+    description: str
+
+    def __post_init__(self):
+        # c and B products, each below 2^(e_max + 1), sum to less than (B + 1) 2^(e_max + 1):
+        # the register needs ceil(log2(B + 1)) bits above the leading one to never overflow.
+        if self.block < 1 or self.align_bits < 0 or self.align_bits > 20:
+            raise ValueError(f"need block >= 1 and 0 <= align_bits <= 20; got block={self.block}, "
+                             f"align_bits={self.align_bits}")
+        if 2**self.carry_bits < self.block + 1:
+            raise ValueError(
+                f"{self.block}-product blocks need at least {(self.block).bit_length()} carry bits "
+                f"to hold their sum; got carry_bits={self.carry_bits}"
+            )
+
+
+TENSOR_CORE_MODELS: dict[str, TensorCoreModel] = {
+    m.name: m
+    for m in (
+        TensorCoreModel("V100", 4, 0, 3, "Volta: 4-product blocks, no extra alignment bit "
+                        "(Fasi et al. 2021, binary16 inputs)"),
+        TensorCoreModel("T4", 4, 1, 3, "Turing: 4-product blocks, one extra alignment bit "
+                        "(Fasi et al. 2021, binary16 inputs)"),
+        TensorCoreModel("A100", 4, 1, 3, "Ampere: one extra alignment bit for binary16, bfloat16 "
+                        "and tf32 inputs (Fasi et al. 2021; their tests use 4-product blocks)"),
+    )
+}
+
+
+def get_tensor_core_model(model: str | TensorCoreModel) -> TensorCoreModel:
+    """The registered model of that name (a TensorCoreModel passes through)."""
+    return lookup(TENSOR_CORE_MODELS, model, "tensor-core model", TensorCoreModel)
+
+
+def _check_values(x: np.ndarray, fmt, name: str) -> None:
+    """Raise unless every entry of x is already a value of fmt (the model takes hardware operands)."""
+    bad = np.asarray(round_to(x, fmt)) != x
+    if np.any(bad):
+        raise ValueError(
+            f"{name} must hold {get_format(fmt).name} values; {x[bad].ravel()[:3]} are not "
+            f"(round them first, e.g. with precisionlab.rounding.round_to)"
+        )
+
+
+def block_fma(a, b, c, model: str | TensorCoreModel = "V100", inputs: str = "float16",
+              out: str = "float32") -> np.ndarray:
+    """d = c + sum_i a_i b_i with exact products, truncating alignment to the largest term, one truncating normalisation.
+
+    a, b: (..., B') arrays of `inputs` values with B' <= the model's block size; c: (...)
+    array of `out` values. out: "float32" (truncated) or "float16" (the truncated float32
+    result, then rounded to nearest). Returns a float64 array of shape (...).
+    """
+    m = get_tensor_core_model(model)
+    if out not in _OUTPUTS:
+        raise ValueError(f"unknown tensor-core output {out!r}; valid choices: {', '.join(_OUTPUTS)}")
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    c = np.asarray(c, dtype=np.float64)
+    try:
+        a, b = np.broadcast_arrays(a, b)
+    except ValueError:
+        raise ValueError(f"a and b must broadcast to one shape (..., block); got {a.shape} and {b.shape}") from None
+    if a.ndim == 0:
+        raise ValueError("a and b need a last axis holding the block's products")
+    if a.shape[-1] > m.block:
+        raise ValueError(f"{m.name} blocks hold at most {m.block} products; got {a.shape[-1]}")
+    _check_values(a, inputs, "a")
+    _check_values(b, inputs, "b")
+    _check_values(c, out, "c")
+    terms = np.concatenate([np.broadcast_to(c[..., None], (*a.shape[:-1], 1)), a * b], axis=-1)
+    _, e = np.frexp(terms)  # |t| = f 2^e with f in [0.5, 1): floor(log2 |t|) = e - 1
+    e = np.where(terms != 0, e - 1, np.iinfo(np.int32).min)
+    e_max = e.max(axis=-1, keepdims=True)
+    # The weight of the last kept bit; all-zero blocks get any finite weight.
+    lsb = np.where(e_max > np.iinfo(np.int32).min, e_max - (_ACC_PRECISION - 1) - m.align_bits, 0)
+    fixed = np.trunc(np.ldexp(terms, -lsb))  # aligned significands, cut toward zero
+    # Fixed-point sum, no normalisation: integers below 2^(24 + g + carry_bits) <= 2^53, exact.
+    # The carry bits (checked in TensorCoreModel) hold it, so no bit is lost before the end.
+    total = fixed.sum(axis=-1)
+    d = np.ldexp(total, lsb[..., 0])
+    d = np.asarray(round_to(d, "float32", "toward_zero"), dtype=np.float64)
+    if out == "float16":
+        d = np.asarray(round_to(d, "float16", "nearest_even"), dtype=np.float64)
+    return d + 0.0  # no negative zeros from truncation
+
+
+def tensor_core_matmul(a, b, c=None, model: str | TensorCoreModel = "V100",
+                       inputs: str = "float16", out: str = "float32") -> np.ndarray:
+    """D = C + A·B as a chain of block FMAs along k (blocks of the model's size), bit-level.
+
+    a (m, k) and b (k, n) are rounded to `inputs` (nearest; tf32 by nearest-away, like
+    cvt.rna.tf32.f32); c (m, n) defaults to zeros and is rounded to `out`.
+    """
+    m = get_tensor_core_model(model)
+    mode = "nearest_away" if get_format(inputs).name == "tf32" else "nearest_even"
+    A = np.asarray(round_to(np.asarray(a, dtype=np.float64), inputs, mode))
+    B = np.asarray(round_to(np.asarray(b, dtype=np.float64), inputs, mode))
+    if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
+        raise ValueError(f"need a (m, k) and b (k, n); got shapes {A.shape} and {B.shape}")
+    d = np.zeros((A.shape[0], B.shape[1])) if c is None else np.asarray(c, dtype=np.float64)
+    if out not in _OUTPUTS:
+        raise ValueError(f"unknown tensor-core output {out!r}; valid choices: {', '.join(_OUTPUTS)}")
+    d = np.asarray(round_to(d, out), dtype=np.float64)
+    for k0 in range(0, A.shape[1], m.block):
+        blk = slice(k0, k0 + m.block)
+        d = block_fma(A[:, None, blk], B.T[None, :, blk], d, m, inputs, out)
+    return d

@@ -322,13 +322,13 @@ def phantom_view(engine: str = "bf16", trainer: str = "fp32", eps: float = 0.2,
     log = train(cfg, run, seed=seed, progress=False)
     early = slice(0, min(5, steps))
     lines = [
-        f"{trainer} trainer, {engine} engine, eps = {eps:g}, lr = {lr:g}, {steps} steps",
-        f"mean |beta|, first 5 steps      : {log.beta_abs[early].mean():.3f}",
-        f"clipped tokens, first 5 steps   : {log.clip[early].mean():.1%}"
-        f"  (phantom {log.phantom[early].mean():.1%}, legitimate "
-        f"{log.legitimate[early].mean():.1%})",
-        f"mean reward, first -> last 5    : {log.reward[early].mean():.2f} -> "
-        f"{log.reward[-5:].mean():.2f}   (optimum -1)",
+        f"{trainer} trainer, {engine} engine, eps {eps:g}, lr {lr:g}, {steps} steps",
+        f"first 5 steps: mean |beta| {log.beta_abs[early].mean():.3f}, "
+        f"clipped {log.clip[early].mean():.1%}",
+        f"               (phantom {log.phantom[early].mean():.1%}, "
+        f"legitimate {log.legitimate[early].mean():.1%})",
+        f"mean reward  : {log.reward[early].mean():.2f} in the first 5 steps, "
+        f"{log.reward[-5:].mean():.2f} in the last 5",
     ]
     fig = Figure(figsize=(9.0, 3.4))
     ax_r, ax_c = fig.subplots(1, 2)
@@ -508,8 +508,8 @@ def scaling_view(growth_interval: int = 50, spike_rate: float = 0.01,
         f"at the final scale: gradients from {smallest_surviving_gradient(final, f):.2g} "
         f"to {largest_safe_gradient(final, f):.2g} survive",
     ]
-    fig = Figure(figsize=(10.0, 3.6))
-    ax_s, ax_g = fig.subplots(1, 2)
+    fig = Figure(figsize=(7.5, 6.6))
+    ax_s, ax_g = fig.subplots(2, 1, sharex=True)
     plot_scale_history({"dynamic scale": hist}, ax=ax_s)
     k = np.arange(g.size)
     ax_g.plot(k, g * hist.scale, lw=1, color=PALETTE["blue"], label="largest |g| · scale")

@@ -1,0 +1,387 @@
+"""Tests for precisionlab.scaling against torch.amp.GradScaler and its kernels.
+
+Oracles: torch.amp.GradScaler run side by side (same gradients, same model and data), the
+kernels it calls (torch._amp_update_scale_, torch._amp_foreach_non_finite_check_and_unscale_)
+driven directly, and torch's own float16 casts for the survival and overflow thresholds.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from precisionlab.scaling import (
+    GRADSCALER_DEFAULTS,
+    DynamicLossScaler,
+    StaticLossScaler,
+    largest_safe_gradient,
+    make_regression_task,
+    simulate_scale_history,
+    smallest_surviving_gradient,
+    trace_dynamic_scaling,
+    train_scaled,
+    update_scale,
+)
+
+FP32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _fp16(x: float) -> float:
+    """float64 -> float16 in one rounding (NumPy converts directly; torch goes through float32)."""
+    with np.errstate(over="ignore"):
+        return float(np.float16(x))
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def test_defaults_are_gradscalers():
+    sig = inspect.signature(torch.amp.GradScaler.__init__).parameters
+    ours = inspect.signature(DynamicLossScaler.__init__).parameters
+    for name, value in GRADSCALER_DEFAULTS.items():
+        assert sig[name].default == value == ours[name].default
+    s = DynamicLossScaler()
+    t = torch.amp.GradScaler("cpu")
+    assert s.get_scale() == t.get_scale() == 65536.0
+    # state_dict before any step: GradScaler reports its init values; ours the same keys.
+    assert set(s.state_dict()) == set(t.state_dict())
+
+
+# --------------------------------------------------------------------------- the update rule
+
+
+def _kernel_update(scale, tracker, found, growth, backoff, interval):
+    s = torch.full((), scale, dtype=torch.float32)
+    t = torch.full((), tracker, dtype=torch.int32)
+    f = torch.full((), 1.0 if found else 0.0)
+    torch._amp_update_scale_(s, t, f, growth, backoff, interval)
+    return s.item(), int(t.item())
+
+
+scales = st.one_of(
+    st.floats(min_value=2.0**-149, max_value=FP32_MAX, width=32),
+    st.sampled_from([2.0**-149, 2.0**-126, 2.0**127, FP32_MAX, 1.0, 65536.0, 3.0]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(scale=scales, tracker=st.integers(0, 9), found=st.booleans(),
+       growth=st.sampled_from([2.0, 1.5, 1.0001, 3.0, 1e30]),
+       backoff=st.sampled_from([0.5, 0.3, 0.9999, 1e-30]),
+       interval=st.integers(1, 10))
+def test_update_scale_matches_amp_update_scale_kernel(scale, tracker, found, growth, backoff,
+                                                      interval):
+    tracker = min(tracker, interval - 1)  # the kernel never holds tracker >= interval
+    assert update_scale(scale, tracker, found, growth, backoff, interval) == \
+        _kernel_update(scale, tracker, found, growth, backoff, interval)
+
+
+def test_simulate_scale_history_matches_kernel_loop():
+    rng = np.random.default_rng(3)
+    flags = rng.random(3000) < 0.2
+    hist = simulate_scale_history(flags, growth_interval=4)
+    s, t = torch.full((), 65536.0), torch.zeros((), dtype=torch.int32)
+    expected = []
+    for f in flags:
+        expected.append(s.item())
+        torch._amp_update_scale_(s, t, torch.full((), float(f)), 2.0, 0.5, 4)
+    assert hist.scale.tolist() == expected
+    assert hist.skipped.tolist() == flags.tolist()
+
+
+# --------------------------------------------------------------------------- unscaling
+
+
+@settings(max_examples=150, deadline=None)
+@given(values=st.lists(st.one_of(st.floats(width=32, allow_nan=True, allow_infinity=True),
+                                 st.floats(-2.0**-126, 2.0**-126, width=32)), min_size=1, max_size=20),
+       scale=st.one_of(st.floats(min_value=2.0**-20, max_value=2.0**100, width=32),
+                       st.sampled_from([1.0, 3.0, 65536.0, 0.1])),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
+def test_unscale_matches_foreach_unscale_kernel(values, scale, dtype):
+    grad = torch.tensor(values, dtype=torch.float64).to(dtype)
+    p = torch.nn.Parameter(torch.zeros(len(values), dtype=dtype))
+    p.grad = grad.clone()
+    opt = torch.optim.SGD([p], lr=0.0)
+    s = DynamicLossScaler(init_scale=scale)
+    s.unscale_(opt)
+    ref = [grad.clone()]
+    found = torch.zeros(())
+    inv = torch.full((), scale, dtype=torch.float32).double().reciprocal().float()
+    torch._amp_foreach_non_finite_check_and_unscale_(ref, found, inv)
+    assert torch.equal(p.grad.nan_to_num(nan=7.0), ref[0].nan_to_num(nan=7.0))
+    assert torch.equal(p.grad.isnan(), ref[0].isnan())
+    s.step(opt)
+    s.update()
+    assert s.history.skipped.tolist() == [bool(found.item())]
+
+
+def test_float16_gradients_are_refused_like_gradscaler():
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+    p.grad = torch.ones(3, dtype=torch.float16)
+    opt = torch.optim.SGD([p], lr=0.1)
+    with pytest.raises(ValueError, match="float16 gradients"):
+        DynamicLossScaler().unscale_(opt)
+    t = torch.amp.GradScaler("cpu")
+    t.scale(torch.ones(()))
+    with pytest.raises(ValueError, match="FP16"):
+        t.unscale_(opt)
+
+
+# --------------------------------------------------------------------------- side by side
+
+
+def _side_by_side(seed: int, interval: int, p_bad: float, steps: int, backoff: float = 0.5,
+                  growth: float = 2.0):
+    """Both scalers see the same raw gradients, with inf/NaN injected at random steps."""
+    rng = np.random.default_rng(seed)
+    raw = rng.standard_normal((steps, 8)).astype(np.float32)
+    bad = np.flatnonzero(rng.random(steps) < p_bad)
+    raw[bad, rng.integers(0, 8, bad.size)] = rng.choice([np.inf, -np.inf, np.nan], bad.size)
+    raw_t = torch.from_numpy(raw)
+    out = {}
+    for name, scaler in (
+        ("ours", DynamicLossScaler(growth_interval=interval, backoff_factor=backoff,
+                                   growth_factor=growth)),
+        ("torch", torch.amp.GradScaler("cpu", growth_interval=interval, backoff_factor=backoff,
+                                       growth_factor=growth)),
+    ):
+        p = torch.nn.Parameter(torch.ones(8))
+        opt = torch.optim.SGD([p], lr=1e-3)
+        scale_used = np.empty(steps)
+        nonfinite = np.empty(steps, dtype=bool)
+        tracker = np.empty(steps, dtype=np.int64)
+        for i in range(steps):
+            scale_used[i] = scaler.get_scale()
+            p.grad = scaler.scale(raw_t[i])  # what backward of scale(loss) produces
+            # A step must be skipped exactly when a scaled gradient is inf/NaN.
+            nonfinite[i] = not bool(torch.isfinite(p.grad).all())
+            scaler.step(opt)
+            scaler.update()
+            tracker[i] = scaler.state_dict()["_growth_tracker"]
+        out[name] = (scale_used, nonfinite, tracker, p.detach().clone(), scaler)
+    return out, bad
+
+
+@pytest.mark.parametrize(
+    "seed, interval, p_bad, backoff, growth",
+    [
+        (0, 2000, 0.0005, 0.5, 2.0),  # the defaults: growth is rare
+        (1, 7, 0.02, 0.5, 2.0),
+        (2, 1, 0.3, 0.5, 2.0),  # grows every good step: reaches float32's ceiling
+        (3, 3, 0.97, 0.3, 1.5),  # mostly overflows: the scale sinks into float32 subnormals
+    ],
+)
+def test_dynamic_scaler_matches_gradscaler_for_10000_steps(seed, interval, p_bad, backoff,
+                                                           growth):
+    out, bad = _side_by_side(seed, interval, p_bad, 10_000, backoff, growth)
+    (s1, bad1, t1, p1, ours), (s2, bad2, t2, p2, _) = out["ours"], out["torch"]
+    assert np.array_equal(s1, s2)  # identical scale histories
+    assert np.array_equal(t1, t2)  # identical counts of consecutive good steps
+    assert np.array_equal(bad1, bad2)
+    # The skipped steps are exactly the inf/NaN ones; identical parameters confirm that
+    # GradScaler skipped the same optimizer steps.
+    assert np.array_equal(ours.history.skipped, bad1)
+    assert set(bad) <= set(ours.history.skipped_steps)
+    assert torch.equal(p1.nan_to_num(nan=7.0), p2.nan_to_num(nan=7.0))
+    assert np.array_equal(ours.history.scale, s1)
+
+
+def test_the_side_by_side_cases_cover_the_edges():
+    out, _ = _side_by_side(2, 1, 0.3, 2000)
+    assert out["ours"][0].max() == 2.0**127  # growth stopped at float32's largest power of 2
+    out, _ = _side_by_side(3, 3, 0.97, 2000, 0.3, 1.5)
+    sc = out["ours"][0]
+    assert ((sc > 0) & (sc < 2.0**-126)).any()  # through float32's subnormals ...
+    assert sc.min() == 0.0  # ... down to a scale of exactly zero
+
+
+@pytest.mark.parametrize("hidden", [0, 16])
+def test_identical_unscaled_gradients_on_a_real_model(hidden):
+    factory, x, y = make_regression_task(seed=1)
+    torch.manual_seed(0)
+    model = factory() if hidden == 0 else torch.nn.Sequential(
+        torch.nn.Linear(16, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 8))
+    twin = copy.deepcopy(model)
+    kw = {"init_scale": 2.0**36, "growth_interval": 5}  # starts far too high: overflows first
+    a = train_scaled(model, x, y, 120, "float16", DynamicLossScaler(**kw), keep_grads=True)
+    b = train_scaled(twin, x, y, 120, "float16", torch.amp.GradScaler("cpu", **kw),
+                     keep_grads=True)
+    assert a.history.skipped.sum() >= 3  # the comparison includes skipped steps
+    assert np.array_equal(a.history.scale, b.history.scale)
+    assert np.array_equal(a.history.skipped, b.history.skipped)
+    for ga, gb in zip(a.grads, b.grads, strict=True):
+        for u, v in zip(ga, gb, strict=True):
+            assert torch.equal(u.nan_to_num(nan=7.0), v.nan_to_num(nan=7.0))
+            assert torch.equal(u.isnan(), v.isnan())
+    for u, v in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(u, v)
+
+
+# --------------------------------------------------------------------------- static scaling
+
+
+def test_static_scaler_keeps_its_scale_and_skips_bad_steps():
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([p], lr=0.1)
+    s = StaticLossScaler(1024.0)
+    grads = [torch.ones(4), torch.tensor([1.0, math.inf, 0, 0]), torch.ones(4)]
+    for g in grads:
+        p.grad = s.scale(g)
+        s.step(opt)
+        s.update()
+    assert s.history.scale.tolist() == [1024.0] * 3
+    assert s.history.skipped.tolist() == [False, True, False]
+    assert torch.allclose(p.detach(), torch.full((4,), 0.8))  # two good steps of 0.1 each
+
+
+def test_static_scaling_recovers_a_gradient_below_the_float16_floor():
+    factory, x, y = make_regression_task(target_scale=1e-6)
+    plain = train_scaled(factory(), x, y, 3, "float16")
+    scaled = train_scaled(factory(), x, y, 3, "float16", StaticLossScaler(2.0**16))
+    exact = train_scaled(factory(), x, y, 3, "float32")
+    assert (plain.zero_fraction == 1.0).all()  # every gradient entry underflowed ...
+    assert (plain.loss == plain.loss[0]).all()  # ... so the loss cannot move
+    assert (scaled.zero_fraction == 0.0).all()
+    assert np.isclose(scaled.loss[-1], exact.loss[-1], rtol=2e-2)
+
+
+# --------------------------------------------------------------------------- thresholds
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0**15, 2.0**16, 1000.0])
+def test_smallest_surviving_gradient_against_float16_casts(scale):
+    g0 = smallest_surviving_gradient(scale, "float16", "zero")
+    assert _fp16(g0 * scale) == 0.0  # exactly q/2 ties to even: lost
+    assert _fp16(math.nextafter(g0, 1) * scale) > 0
+    g1 = smallest_surviving_gradient(scale, "float16", "subnormal")
+    assert _fp16(g1 * scale) == 2.0**-24
+    g2 = smallest_surviving_gradient(scale, "float16", "normal")
+    assert _fp16(g2 * scale) == 2.0**-14
+
+
+def test_checkpoint_numbers_for_scale_32768():
+    assert smallest_surviving_gradient(32768.0, "float16", "zero") == 2.0**-40
+    assert smallest_surviving_gradient(32768.0, "float16", "subnormal") == 2.0**-39
+    assert smallest_surviving_gradient(32768.0, "float16", "normal") == 2.0**-29
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0**16, 3.0])
+def test_largest_safe_gradient_against_float16_casts(scale):
+    g = largest_safe_gradient(scale, "float16")
+    assert math.isinf(_fp16(g * scale))
+    assert _fp16(math.nextafter(g * scale, 0)) == 65504.0
+
+
+def test_trace_dynamic_scaling_overflows_exactly_when_the_cast_does():
+    rng = np.random.default_rng(0)
+    g = 10.0 ** rng.uniform(-6, 1, 400)
+    hist = trace_dynamic_scaling(g, "float16", growth_interval=3)
+    expect = [math.isinf(_fp16(gi * s)) for gi, s in zip(g, hist.scale, strict=True)]
+    assert hist.skipped.tolist() == expect
+    assert 0 < hist.skipped.sum() < 400
+    assert np.array_equal(hist.scale, simulate_scale_history(expect, growth_interval=3).scale)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"growth_factor": 1.0}, "growth_factor"),
+        ({"backoff_factor": 1.0}, "backoff_factor"),
+        ({"growth_interval": 0}, "growth_interval"),
+        ({"init_scale": math.inf}, "init_scale"),
+    ],
+)
+def test_bad_scaler_settings_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DynamicLossScaler(**kwargs)
+
+
+def test_call_order_errors_match_gradscaler():
+    p = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([p], lr=0.1)
+    for scaler in (DynamicLossScaler(), torch.amp.GradScaler("cpu")):
+        scaler.scale(torch.ones(()))
+        with pytest.raises((RuntimeError, AssertionError), match=r"(?i)no inf checks"):
+            scaler.update()
+        p.grad = torch.ones(2)
+        scaler.unscale_(opt)
+        with pytest.raises(RuntimeError, match="already been called"):
+            scaler.unscale_(opt)
+        scaler.step(opt)
+        with pytest.raises(RuntimeError, match="already been called"):
+            scaler.step(opt)
+        scaler.update()
+
+
+def test_disabled_scaler_is_a_pass_through():
+    s = DynamicLossScaler(enabled=False)
+    x = torch.ones(3)
+    assert s.scale(x) is x and s.get_scale() == 1.0 and s.state_dict() == {}
+
+
+def test_other_bad_inputs():
+    with pytest.raises(ValueError, match="valid choices"):
+        smallest_surviving_gradient(1.0, "float16", "tiny")
+    with pytest.raises(ValueError, match="compute format"):
+        train_scaled(torch.nn.Linear(2, 2), torch.ones(1, 2), torch.ones(1, 2), compute="fp8")
+    with pytest.raises(ValueError, match="finite"):
+        trace_dynamic_scaling([1.0, math.nan])
+    with pytest.raises(ValueError, match="scale"):
+        StaticLossScaler(0.0)
+
+
+# --------------------------------------------------------------------------- helpers, figures, widgets
+
+
+def test_compare_with_gradscaler_reports_identical_runs():
+    from precisionlab.scaling import compare_with_gradscaler
+
+    r = compare_with_gradscaler(steps=300, growth_interval=3, p_bad=0.05, seed=4)
+    assert r.identical and r.injected.size > 0
+    assert set(r.injected) <= set(r.ours.skipped_steps)
+
+
+def test_gradient_stream_shape_and_validation():
+    from precisionlab.scaling import gradient_stream
+
+    g = gradient_stream(500, start=1e-2, end=1e-4, spike_rate=0.0, noise=0.0)
+    assert g.shape == (500,) and g[0] == pytest.approx(1e-2) and g[-1] == pytest.approx(1e-4)
+    with pytest.raises(ValueError, match="spike_rate"):
+        gradient_stream(10, spike_rate=2.0)
+
+
+def test_scaling_figures_and_widgets(capsys):
+    import ipywidgets
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from precisionlab import plotting, widgets
+
+    hist = trace_dynamic_scaling([1e-3, 1e3, 1e-3, 1e-3], growth_interval=2)
+    ax = plotting.plot_scale_history({"dyn": hist})
+    marks = [ln for ln in ax.get_lines() if "skipped steps (1)" in ln.get_label()]
+    assert len(marks) == 1 and marks[0].get_xdata().tolist() == [1]
+    ax = plotting.plot_loss_curves({"a": [4.0, 2.0, 1.0]})
+    assert ax.get_lines()[0].get_ydata().tolist() == [1.0, 0.5, 0.25]
+    panel, fig = widgets.scaling_view(growth_interval=50, spike_rate=0.01)
+    assert "skipped steps (overflow):" in panel.text and len(fig.axes) == 2
+    box = widgets.scaling_explorer()
+    assert isinstance(box, ipywidgets.HBox) and "growth_interval = 50" in capsys.readouterr().out
+    box.children[0].value = 10
+    assert "growth_interval = 10" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="growth_interval"):
+        widgets.scaling_view(growth_interval=0)
+    plt.close("all")

@@ -1,0 +1,312 @@
+"""Tests for precisionlab.underflow.
+
+Oracles: exact rational arithmetic (fractions.Fraction) for the attenuation model, float64
+backpropagation written out by hand (NumPy) for the network's gradients, orthogonality
+(W^T W = a^2 I) for the initialisation, and the float16 network itself for the model's
+predicted underflow depth.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from precisionlab.formats import get_format
+from precisionlab.underflow import (
+    FLOORS,
+    AttenuatingNet,
+    GradientStats,
+    LayerGradients,
+    diagnose,
+    first_underflow_depth,
+    fit_g0,
+    floor_value,
+    gradient_by_depth,
+    health_summary,
+    health_table,
+    layer_status,
+    make_batch,
+    measured_underflow_depth,
+    predicted_underflow_depth,
+    probe_gradients,
+    train_probe,
+)
+
+
+def _brute_force_depth(a: float, fmt: str, g0: float, floor: str, limit: int = 5000):
+    """Walk k = 0, 1, ... in exact rationals until g0·a^k passes the floor."""
+    f = get_format(fmt)
+    t = Fraction({"normal": f.min_normal, "subnormal": f.min_subnormal,
+                  "zero": f.min_subnormal / 2}[floor])
+    x, fa = Fraction(g0), Fraction(a)
+    for k in range(limit):
+        if (x <= t) if floor == "zero" else (x < t):
+            return k
+        x *= fa
+    return None
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.floats(0.05, 0.95), g0=st.floats(1e-6, 10.0),
+       fmt=st.sampled_from(["float16", "float8_e5m2", "float8_e4m3fn"]),
+       floor=st.sampled_from(FLOORS))
+def test_first_underflow_depth_matches_exact_walk(a, g0, fmt, floor):
+    assert first_underflow_depth(a, fmt, g0, floor) == _brute_force_depth(a, fmt, g0, floor)
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=st.floats(0.3, 0.8), floor=st.sampled_from(FLOORS))
+def test_first_underflow_depth_matches_exact_walk_bfloat16(a, floor):
+    assert first_underflow_depth(a, "bfloat16", 1.0, floor) == \
+        _brute_force_depth(a, "bfloat16", 1.0, floor)
+
+
+def test_exact_ties_at_the_floors():
+    # 0.5^25 = 2^-25 = q/2 exactly: ties-to-even sends it to 0, so the 'zero' floor counts it.
+    assert first_underflow_depth(0.5, "float16", 1.0, "zero") == 25
+    assert first_underflow_depth(0.5, "float16", 1.0, "subnormal") == 25  # 2^-25 < 2^-24
+    assert first_underflow_depth(0.5, "float16", 1.0, "normal") == 15  # 2^-15 < 2^-14
+    assert float(torch.tensor(2.0**-25).to(torch.float16)) == 0.0
+    assert float(torch.tensor(2.0**-25 * (1 + 2**-20)).to(torch.float16)) == 2.0**-24
+
+
+def test_checkpoint_question_96_layers_at_0_82():
+    # 0.82^k against the float16 floors, starting from a gradient of 1 at the output.
+    assert first_underflow_depth(0.82, "float16", 1.0, "normal") == 49
+    assert first_underflow_depth(0.82, "float16", 1.0, "subnormal") == 84
+    assert first_underflow_depth(0.82, "float16", 1.0, "zero") == 88
+    assert 0.82**83 >= 2.0**-24 > 0.82**84 and 0.82**87 > 2.0**-25 >= 0.82**88
+    assert first_underflow_depth(0.82, "bfloat16", 1.0, "zero") > 96
+
+
+def test_never_and_immediately():
+    assert first_underflow_depth(1.0, "float16", 1.0) is None
+    assert first_underflow_depth(1.3, "float16", 1e-9) == 0  # already below the floor
+    assert first_underflow_depth(0.9, "float16", 2.0**-25, "zero") == 0
+
+
+def test_gradient_by_depth_and_floors():
+    g = gradient_by_depth(0.82, 96, 0.5)
+    assert g.shape == (96,) and g[0] == 0.5
+    assert np.allclose(g, [0.5 * 0.82**k for k in range(96)], rtol=1e-13, atol=0)
+    assert floor_value("float16", "zero") == 2.0**-25
+    assert floor_value("fp16", "subnormal") == 2.0**-24
+    assert floor_value("bfloat16", "normal") == 2.0**-126
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: first_underflow_depth(0.0), "attenuation"),
+        (lambda: first_underflow_depth(math.nan), "attenuation"),
+        (lambda: first_underflow_depth(0.8, g0=-1.0), "g0"),
+        (lambda: first_underflow_depth(0.8, floor="tiny"), "valid choices: normal, subnormal, zero"),
+        (lambda: first_underflow_depth(0.8, "fp7"), "valid choices"),
+        (lambda: gradient_by_depth(0.8, 0), "depth"),
+        (lambda: AttenuatingNet(4, 4, 0.8, "float8_e5m2"), "valid choices for a real network"),
+        (lambda: AttenuatingNet(0, 4, 0.8), "depth"),
+        (lambda: train_probe(0.8, 4, steps=0), "steps"),
+    ],
+)
+def test_bad_input_is_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# --------------------------------------------------------------------------- the network
+
+
+def test_initialisation_sets_the_attenuation():
+    net = AttenuatingNet(12, 32, 0.7, "float32", seed=3)
+    for lin in net.layers:
+        w = lin.weight.detach().double()
+        assert torch.allclose(w.T @ w, 0.49 * torch.eye(32, dtype=torch.float64), atol=1e-6)
+    x, t = make_batch(32, 8, "float32", seed=3)
+    g = probe_gradients(net, x, t)
+    ratios = g.signal.norm[1:] / g.signal.norm[:-1]
+    assert np.allclose(ratios, 0.7, rtol=1e-5)  # exactly a per layer, up to float32 rounding
+
+
+def test_forward_signal_stays_at_unit_scale():
+    net = AttenuatingNet(60, 64, 0.82, "float32", seed=0)
+    x, _ = make_batch(64, 64, "float32", seed=0)
+    with torch.no_grad():
+        h = x
+        for lin in net.layers:
+            h = lin(h)
+            assert 0.7 < float(h.pow(2).mean().sqrt()) < 1.3
+
+
+def test_probe_matches_float64_backprop_by_hand():
+    net = AttenuatingNet(10, 16, 0.8, "float32", seed=5)
+    x, t = make_batch(16, 4, "float32", seed=5)
+    got = probe_gradients(net, x, t)
+    W = [lin.weight.detach().double().numpy() for lin in net.layers]
+    b = [lin.bias.detach().double().numpy() for lin in net.layers]
+    hs = [x.double().numpy()]
+    for Wi, bi in zip(W, b, strict=True):
+        hs.append(hs[-1] @ Wi.T + bi)
+    delta = 2 * (hs[-1] - t.double().numpy()) / hs[-1].size  # d mean((h - t)^2) / dh
+    sig_norm, w_norm, w_med = [], [], []
+    for i in reversed(range(len(W))):  # depth 0 is the last layer
+        sig_norm.append(np.linalg.norm(delta))
+        gw = delta.T @ hs[i]
+        w_norm.append(np.linalg.norm(gw))
+        w_med.append(np.median(np.abs(gw)))
+        delta = delta @ W[i]
+    assert np.allclose(got.signal.norm, sig_norm, rtol=1e-4)
+    assert np.allclose(got.weight.norm, w_norm, rtol=1e-4)
+    assert np.allclose(got.weight.median_abs, w_med, rtol=1e-4)
+    assert got.loss == pytest.approx(np.mean((hs[-1] - t.double().numpy()) ** 2), rel=1e-5)
+
+
+@pytest.mark.parametrize("attenuation", [0.7, 0.75, 0.8, 0.82])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_model_predicts_the_float16_networks_underflow_depth(attenuation, seed):
+    """The done-when criterion: within one layer of the real float16 network."""
+    nets = {f: AttenuatingNet(100, 64, attenuation, f, seed) for f in ("float32", "float16")}
+    probes = {f: probe_gradients(n, *make_batch(64, 16, f, seed)) for f, n in nets.items()}
+    predicted = predicted_underflow_depth(probes["float32"], attenuation, "float16")
+    measured = measured_underflow_depth(probes["float16"])
+    assert predicted is not None and measured is not None
+    assert abs(predicted - measured) <= 1
+    assert measured_underflow_depth(probes["float32"]) is None
+
+
+def test_bfloat16_and_float32_never_underflow_at_96_layers():
+    for fmt in ("bfloat16", "float32"):
+        g = probe_gradients(AttenuatingNet(96, 64, 0.82, fmt), *make_batch(64, 16, fmt))
+        assert (g.weight.zero_fraction == 0).all() and (g.signal.zero_fraction < 0.01).all()
+        assert (layer_status(g) == "healthy").all()
+
+
+def test_float16_network_has_exact_zeros_only_deep_down():
+    g = probe_gradients(AttenuatingNet(96, 64, 0.82, "float16"), *make_batch(64, 16, "float16"))
+    status = layer_status(g)
+    assert status[0] == "healthy" and status[-1] == "zero"
+    assert g.weight.zero_fraction[:20].max() < 0.001  # an occasional tiny product, no more
+    # Once the whole backward signal is zero, every layer below it has zero weight gradients.
+    dead = np.flatnonzero(g.signal.zero_fraction == 1)
+    assert dead.size and (g.weight.zero_fraction[dead[0]:] == 1).all()
+
+
+def test_train_probe_keeps_the_format_and_learns():
+    p = train_probe(0.82, 64, "float16", steps=4, lr=0.1)
+    assert p.fmt == "float16" and p.loss.shape == (4,) and p.loss[-1] < p.loss[0]
+    assert p.zero_fraction().shape == (4, 64) and p.norm("signal").shape == (4, 64)
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+
+def _synthetic(zero_fraction, median, finite, fmt="float16"):
+    n = len(zero_fraction)
+    stats = GradientStats(norm=np.ones(n), median_abs=np.array(median, dtype=float),
+                          max_abs=np.ones(n), zero_fraction=np.array(zero_fraction, dtype=float),
+                          finite=np.array(finite))
+    return LayerGradients(fmt, 1.0, stats, stats)
+
+
+def test_layer_status_follows_the_documented_rules():
+    g = _synthetic([0, 0.2, 0.5, 1.0, 0.0], [1e-3, 1e-6, 0, 0, 1.0],
+                   [True, True, True, True, False])
+    assert layer_status(g).tolist() == ["healthy", "subnormal", "underflowing", "zero",
+                                        "non-finite"]
+    # The same numbers are healthy in bfloat16, whose smallest normal is 2^-126.
+    assert layer_status(g, fmt="bfloat16")[1] == "healthy"
+
+
+def test_diagnose_names_each_cause():
+    under = probe_gradients(AttenuatingNet(96, 64, 0.82, "float16"),
+                            *make_batch(64, 16, "float16"))
+    d = diagnose([under.loss], under)
+    assert d.cause == "underflow" and "depth 0 still has" in d.evidence
+    over = train_probe(1.2, 48, "float16", steps=2)
+    assert not np.isfinite(over.loss).all()
+    assert diagnose(over.loss, over.steps[-1]).cause == "overflow"
+    ok = probe_gradients(AttenuatingNet(96, 64, 0.82, "bfloat16"),
+                         *make_batch(64, 16, "bfloat16"))
+    assert diagnose([ok.loss], ok).cause == "none"
+    assert "likely cause : underflow" in str(d)
+
+
+def test_tables_list_what_they_claim():
+    g = _synthetic([0, 0, 0.6, 1.0], [1e-3, 1e-3, 0, 0], [True] * 4)
+    text = health_table(g)
+    assert len(text.splitlines()) == 5 and text.splitlines()[-1].endswith("zero")
+    assert health_table(g, depths=[3]).splitlines()[1].split()[:2] == ["3", "0"]
+    summary = health_summary(g).splitlines()
+    assert [line.split()[1] for line in summary] == ["0-1", "2-2", "3-3"]
+    # A layer that dips back below a threshold does not open a new range.
+    flicker = _synthetic([0, 0.6, 0.4, 0.7, 1.0], [1e-3, 0, 6e-8, 0, 0], [True] * 5)
+    assert [line.split()[1:3] for line in health_summary(flicker).splitlines()] == \
+        [["0-0", "healthy"], ["1-3", "underflowing"], ["4-4", "zero"]]
+    with pytest.raises(ValueError, match="outside"):
+        health_table(g, depths=[7])
+
+
+def test_fit_g0_recovers_the_intercept_of_an_exact_profile():
+    k = np.arange(40)
+    med = 3e-3 * 0.8**k
+    med[5] = 1.0  # one atypical layer does not move the median-based fit
+    stats = GradientStats(np.ones(40), med, np.ones(40), np.zeros(40), np.ones(40, bool))
+    g = LayerGradients("float32", 1.0, stats, stats)
+    assert fit_g0(g, 0.8) == pytest.approx(3e-3, rel=1e-12)
+    assert predicted_underflow_depth(g, 0.8) == first_underflow_depth(0.8, "float16", 3e-3)
+
+
+# --------------------------------------------------------------------------- figures and widgets
+
+
+def test_underflow_figures_draw_what_they_claim():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from precisionlab import plotting
+
+    ax = plotting.plot_attenuation_model(0.82, 96, "float16", 1.0)
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert any("past q/2: 88" in lab for lab in labels) and any("normal: 49" in lab for lab in labels)
+    probes = {f: probe_gradients(AttenuatingNet(40, 16, 0.7, f), *make_batch(16, 4, f))
+              for f in ("float32", "float16")}
+    ax = plotting.plot_layer_gradients(probes, "signal", model=(0.7, 1e-3))
+    assert {"float32", "float16", "model g0·a^k (a = 0.7)"} <= {ln.get_label() for ln in ax.get_lines()}
+    ax = plotting.plot_zero_fraction(probes, "both")
+    assert len([ln for ln in ax.get_lines() if ln.get_label().startswith("float16")]) == 2
+    plt.close("all")
+
+
+def test_underflow_view_and_explorer(capsys):
+    import ipywidgets
+
+    from precisionlab import widgets
+
+    panel, fig = widgets.underflow_view(0.82, 96, "float16", 1.0)
+    assert "model, first depth rounds to exactly 0         : 88" in panel.text
+    assert len(fig.axes) == 1
+    panel, _ = widgets.underflow_view(0.82, 96, "float16", network=True)
+    assert "network, first depth with >= half zeros in dL/dh : 57" in panel.text
+    box = widgets.underflow_explorer()
+    assert "88" in capsys.readouterr().out and isinstance(box, ipywidgets.VBox)
+    a_box = box.children[0].children[0]
+    a_box.value = 0.7  # the callback redraws
+    assert "model, first depth rounds to exactly 0         : 49" in capsys.readouterr().out
+    net_box = box.children[1].children[1]
+    box.children[0].children[2].value = "float8_e5m2"
+    net_box.value = True  # e5m2 has no real network: reported, not raised
+    assert "network runs only in" in capsys.readouterr().out
+    for kwargs, match in [({"attenuation": 1.2}, "attenuation"), ({"depth": 1}, "depth"),
+                          ({"g0": -1.0}, "g0"), ({"fmt": "fp7"}, "valid choices")]:
+        with pytest.raises(ValueError, match=match):
+            widgets.underflow_view(**kwargs)

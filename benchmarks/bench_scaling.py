@@ -12,23 +12,11 @@ a second, so that each chapter stays inside its 20 s budget on two shared CPU co
 from __future__ import annotations
 
 import argparse
-import time
 
-import numpy as np
 import torch
+from bench_rounding import median_seconds  # same timing rule as the rounding benchmark
 
 from precisionlab import scaling, underflow
-
-
-def median_seconds(fn, repeats: int) -> float:
-    """Median wall time of fn() over `repeats` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def scaler_loop(make, steps: int):

@@ -8,13 +8,25 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from oracles import (
-    ML_DTYPES, all_patterns, finite_values, fraction_round, overflow_neighbour, same_bits, table_round,
+    ML_DTYPES,
+    all_patterns,
+    finite_values,
+    fraction_round,
+    overflow_neighbour,
+    same_bits,
+    table_round,
 )
+
 from precisionlab.formats import FORMATS, get_format
 from precisionlab.rounding import (
-    MODES, decompose, next_down, next_up, round_to, rounding_trace, ulp,
+    MODES,
+    decompose,
+    next_down,
+    next_up,
+    round_to,
+    rounding_trace,
+    ulp,
 )
 
 # The inputs deliberately include overflow and NaN, which NumPy's casts warn about.
@@ -90,7 +102,7 @@ def test_nearest_even_matches_ml_dtypes_on_a_million_values(inputs, backend):
     assert same_bits(got, want).all()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "native"])
 def test_nearest_even_matches_torch_casts_on_a_million_values(inputs, backend):
     name, x = inputs
     if name == "tf32":

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FloatFormat", "FORMATS", "FORMAT_NAMES", "get_format"]
+__all__ = ["FORMATS", "FORMAT_NAMES", "FloatFormat", "get_format"]
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,23 @@ def _figure(height: float) -> tuple[Figure, object]:
     return fig, fig.subplots()
 
 
+def _live(view, boxes, handles) -> None:
+    """Redraw the (text, figure) pair that view() returns into handles whenever a box changes."""
+    h_text, h_fig = handles
+
+    def redraw(_change=None):
+        try:
+            panel, fig = view()
+        except ValueError as err:  # out-of-range input: say so in place of the panel
+            _display(TextPanel(str(err), error=True), h_text)
+            return
+        _display(panel, h_text)
+        _display(fig, h_fig)
+
+    for box in boxes:
+        box.observe(redraw, names="value")
+
+
 # --------------------------------------------------------------------------- bit explorer
 
 
@@ -145,17 +162,8 @@ def bit_explorer(value: float = 0.1, fmt="bfloat16", mode: str = "nearest_even")
                          description="format")
     mode_box = w.Dropdown(options=list(DETERMINISTIC_MODES), value=mode, description="mode")
 
-    def redraw(_change=None):
-        try:
-            p, fg = bit_view(value_box.value, fmt_box.value, mode_box.value)
-        except ValueError as err:
-            _display(TextPanel(str(err), error=True), h_text)
-            return
-        _display(p, h_text)
-        _display(fg, h_fig)
-
-    for box in (value_box, fmt_box, mode_box):
-        box.observe(redraw, names="value")
+    _live(lambda: bit_view(value_box.value, fmt_box.value, mode_box.value),
+          (value_box, fmt_box, mode_box), (h_text, h_fig))
     return w.HBox([value_box, fmt_box, mode_box])
 
 
@@ -207,17 +215,8 @@ def crossing_explorer(w: float = 1.0, lr: float = 1e-5, fmt="bfloat16"):
     fmt_box = wd.Dropdown(options=[n for n in FORMAT_NAMES if n != "float64"],
                           value=get_format(fmt).name, description="format")
 
-    def redraw(_change=None):
-        try:
-            p, fg = crossing_view(w_box.value, lr_box.value, fmt_box.value)
-        except ValueError as err:
-            _display(TextPanel(str(err), error=True), h_text)
-            return
-        _display(p, h_text)
-        _display(fg, h_fig)
-
-    for box in (w_box, lr_box, fmt_box):
-        box.observe(redraw, names="value")
+    _live(lambda: crossing_view(w_box.value, lr_box.value, fmt_box.value),
+          (w_box, lr_box, fmt_box), (h_text, h_fig))
     return wd.HBox([w_box, lr_box, fmt_box])
 
 
@@ -292,17 +291,8 @@ def reduction_explorer(order: str = "atomic", acc="float16", block: int = 1, mar
     margin_box = wd.FloatLogSlider(value=float(margin), base=10, min=-6, max=-1, step=0.25,
                                    description="margin", readout_format=".1e")
 
-    def redraw(_change=None):
-        try:
-            p, fg = reduction_view(order_box.value, acc_box.value, block_box.value, margin_box.value)
-        except ValueError as err:
-            _display(TextPanel(str(err), error=True), h_text)
-            return
-        _display(p, h_text)
-        _display(fg, h_fig)
-
-    for box in (order_box, acc_box, block_box, margin_box):
-        box.observe(redraw, names="value")
+    _live(lambda: reduction_view(order_box.value, acc_box.value, block_box.value, margin_box.value),
+          (order_box, acc_box, block_box, margin_box), (h_text, h_fig))
     return wd.VBox([wd.HBox([order_box, acc_box]), wd.HBox([block_box, margin_box])])
 
 
@@ -363,18 +353,9 @@ def phantom_explorer(engine: str = "bf16", trainer: str = "fp32", eps: float = 0
     lr_box = wd.FloatLogSlider(value=float(lr), base=10, min=-6, max=-3, step=0.1,
                                description="lr", readout_format=".1e", continuous_update=False)
 
-    def redraw(_change=None):
-        try:
-            p, fg = phantom_view(engine_box.value, trainer_box.value, eps_box.value,
-                                 lr_box.value, steps, seed)
-        except ValueError as err:
-            _display(TextPanel(str(err), error=True), h_text)
-            return
-        _display(p, h_text)
-        _display(fg, h_fig)
-
-    for box in (engine_box, trainer_box, eps_box, lr_box):
-        box.observe(redraw, names="value")
+    _live(lambda: phantom_view(engine_box.value, trainer_box.value, eps_box.value,
+                               lr_box.value, steps, seed),
+          (engine_box, trainer_box, eps_box, lr_box), (h_text, h_fig))
     return wd.VBox([wd.HBox([engine_box, trainer_box]), wd.HBox([eps_box, lr_box])])
 
 
@@ -463,18 +444,9 @@ def underflow_explorer(attenuation: float = 0.82, depth: int = 96, fmt="float16"
                               description="g0", readout_format=".0e", continuous_update=False)
     net_box = wd.Checkbox(value=bool(network), description="overlay the real network")
 
-    def redraw(_change=None):
-        try:
-            p, fg = underflow_view(a_box.value, d_box.value, fmt_box.value, g_box.value,
-                                   net_box.value)
-        except ValueError as err:
-            _display(TextPanel(str(err), error=True), h_text)
-            return
-        _display(p, h_text)
-        _display(fg, h_fig)
-
-    for box in (a_box, d_box, fmt_box, g_box, net_box):
-        box.observe(redraw, names="value")
+    _live(lambda: underflow_view(a_box.value, d_box.value, fmt_box.value, g_box.value,
+                                 net_box.value),
+          (a_box, d_box, fmt_box, g_box, net_box), (h_text, h_fig))
     return wd.VBox([wd.HBox([a_box, d_box, fmt_box]), wd.HBox([g_box, net_box])])
 
 
@@ -542,15 +514,6 @@ def scaling_explorer(growth_interval: int = 50, spike_rate: float = 0.01,
     is_box = wd.IntSlider(value=int(np.log2(init_scale)), min=0, max=40,
                           description="log2 init", continuous_update=False)
 
-    def redraw(_change=None):
-        try:
-            p, fg = scaling_view(gi_box.value, sr_box.value, 2.0**is_box.value, steps)
-        except ValueError as err:
-            _display(TextPanel(str(err), error=True), h_text)
-            return
-        _display(p, h_text)
-        _display(fg, h_fig)
-
-    for box in (gi_box, sr_box, is_box):
-        box.observe(redraw, names="value")
+    _live(lambda: scaling_view(gi_box.value, sr_box.value, 2.0**is_box.value, steps),
+          (gi_box, sr_box, is_box), (h_text, h_fig))
     return wd.HBox([gi_box, sr_box, is_box])

@@ -355,3 +355,17 @@ def test_out_receives_the_result_and_is_checked():
         round_to(x, "bfloat16", out=np.empty(x.shape, np.float64))
     with pytest.raises(ValueError, match="NumPy input"):
         round_to(torch.from_numpy(x), "bfloat16", out=out)
+
+
+def test_rounding_leaves_torch_thread_setting_alone():
+    # numba's OpenMP layer shares OpenMP's thread count with torch; a notebook that pins
+    # torch to one thread for reproducible sums must stay pinned after a large round_to.
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            round_to(np.ones(1 << 17, np.float32), "bfloat16", "up")
+            round_to(np.ones(1 << 17, np.float32), "float16", "stochastic", rng=np.random.default_rng(0))
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)

@@ -278,8 +278,14 @@ def _emulate(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, rng, s
         overflow_bits, inf_bits, nan_bits, exp_mask, -(1 << (c.width - 1)),
     )
     uniform = fmt.emin + c.bias <= 1  # fmt's normal range reaches down to the container's
-    kernel = _KERNELS[code == _STOCHASTIC, uniform, a.size >= _PARALLEL_MIN_SIZE]
+    # Follow torch's thread setting: one thread there means serial here too. numba's OpenMP
+    # layer resets the process-wide OpenMP thread count, which torch shares, so it is put back.
+    torch_threads = torch.get_num_threads()
+    parallel = a.size >= _PARALLEL_MIN_SIZE and torch_threads > 1
+    kernel = _KERNELS[code == _STOCHASTIC, uniform, parallel]
     kernel(*args, int(rng.integers(0, 2**63)) if code == _STOCHASTIC else code)
+    if parallel and torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
 
 
 def round_to(x, fmt, mode: str = "nearest_even", rng: np.random.Generator | None = None, *,

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .checks import check_choice as _check_choice
+from .checks import check_positive as _check_positive
 from .formats import get_format
 from .rounding import round_to
 
@@ -75,19 +77,6 @@ RATIO_MODES: tuple[str, ...] = ("actual", "one", "shadow")
 WEIGHT_MODES: tuple[str, ...] = ("ppo", "detached", "detached_centered")
 CLIP_CLASSES: tuple[str, ...] = ("unclipped", "phantom", "legitimate", "released")
 EOS = 0  # token id of end-of-sequence
-
-
-def _check_choice(value, name: str, choices) -> str:
-    if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; valid choices: {', '.join(choices)}")
-    return value
-
-
-def _check_positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            np.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0; got {name}={value!r}")
-    return float(value)
 
 
 # --------------------------------------------------------------------------- the policy

@@ -30,9 +30,11 @@ import numba
 import numpy as np
 import torch
 
+from .checks import check_choice
 from .formats import FORMATS, FloatFormat, get_format
 
 __all__ = [
+    "DETERMINISTIC_MODES",
     "MODES",
     "BitFields",
     "RoundingTrace",
@@ -45,6 +47,7 @@ __all__ = [
 ]
 
 MODES: tuple[str, ...] = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
+DETERMINISTIC_MODES: tuple[str, ...] = MODES[:-1]
 _NEAREST_EVEN, _NEAREST_AWAY, _TOWARD_ZERO, _UP, _DOWN, _STOCHASTIC = range(len(MODES))
 BACKENDS = ("auto", "native", "emulated")
 
@@ -208,9 +211,7 @@ _KERNELS = {
 
 
 def _mode_code(mode: str) -> int:
-    if mode not in MODES:
-        raise ValueError(f"unknown rounding mode {mode!r}; valid choices: {', '.join(MODES)}")
-    return MODES.index(mode)
+    return MODES.index(check_choice(mode, "rounding mode", MODES))
 
 
 def _to_numpy(x):
@@ -306,8 +307,7 @@ def round_to(x, fmt, mode: str = "nearest_even", rng: np.random.Generator | None
     """
     fmt = get_format(fmt)
     code = _mode_code(mode)
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; valid choices: {', '.join(BACKENDS)}")
+    check_choice(backend, "backend", BACKENDS)
     if code == _STOCHASTIC and not isinstance(rng, np.random.Generator):
         raise ValueError(
             f"stochastic rounding needs rng=np.random.default_rng(seed), got rng={rng!r}"

@@ -26,6 +26,8 @@ from fractions import Fraction
 import numpy as np
 import torch
 
+from .checks import check_choice
+from .checks import check_positive as _check_positive
 from .formats import FloatFormat, get_format
 
 __all__ = [
@@ -61,20 +63,8 @@ STATUSES: tuple[str, ...] = ("healthy", "subnormal", "underflowing", "zero", "no
 # --------------------------------------------------------------------------- the model
 
 
-def _check_positive(value, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive real number; got {name}={value!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{name} must be finite and > 0; got {name}={v!r}")
-    return v
-
-
 def _check_floor(floor: str) -> str:
-    if floor not in FLOORS:
-        raise ValueError(f"unknown floor {floor!r}; valid choices: {', '.join(FLOORS)}")
-    return floor
+    return check_choice(floor, "floor", FLOORS)
 
 
 def floor_value(fmt="float16", floor: str = "zero") -> float:

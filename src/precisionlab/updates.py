@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checks import check_choice
 from .formats import FloatFormat, get_format
-from .rounding import round_to, ulp
+from .rounding import DETERMINISTIC_MODES, round_to, ulp
 
 __all__ = [
     "DETERMINISTIC_MODES",
@@ -31,7 +32,6 @@ __all__ = [
     "train_master_vs_lowprec",
 ]
 
-DETERMINISTIC_MODES: tuple[str, ...] = ("nearest_even", "nearest_away", "toward_zero", "up", "down")
 MASTER_DTYPES: tuple[str, ...] = ("float32", "float64")
 POLICIES: tuple[str, ...] = ("fp32", "bf16", "master", "bf16_stochastic")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
@@ -42,12 +42,7 @@ _MAX_EXACT_STEPS = 2**53  # step counts are carried in float64 while they are co
 
 
 def _check_mode(mode: str) -> str:
-    if mode not in DETERMINISTIC_MODES:
-        raise ValueError(
-            f"unknown or non-deterministic rounding mode {mode!r}; valid choices: "
-            f"{', '.join(DETERMINISTIC_MODES)}"
-        )
-    return mode
+    return check_choice(mode, "deterministic rounding mode", DETERMINISTIC_MODES)
 
 
 def _check_narrow(fmt) -> FloatFormat:

@@ -14,6 +14,7 @@ import math
 
 from matplotlib.figure import Figure
 
+from .checks import check_choice
 from .formats import FORMAT_NAMES, FORMATS, get_format
 from .plotting import plot_crossing_trajectory, plot_number_line
 from .rounding import decompose, next_down, next_up, round_to, ulp
@@ -67,11 +68,7 @@ def _check_fmt(fmt):
 
 
 def _check_mode(mode: str) -> str:
-    if mode not in DETERMINISTIC_MODES:
-        raise ValueError(
-            f"unknown rounding mode {mode!r}; valid choices: {', '.join(DETERMINISTIC_MODES)}"
-        )
-    return mode
+    return check_choice(mode, "rounding mode", DETERMINISTIC_MODES)
 
 
 def _figure(height: float) -> tuple[Figure, object]:

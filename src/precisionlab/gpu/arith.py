@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checks import check_choice
 from ..formats import FloatFormat, get_format
 from ..rounding import MODES, round_to
 
@@ -57,9 +58,7 @@ def round_to_odd(s: np.ndarray, e: np.ndarray) -> np.ndarray:
 
 
 def _check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"unknown rounding mode {mode!r}; valid choices: {', '.join(MODES)}")
-    return mode
+    return check_choice(mode, "rounding mode", MODES)
 
 
 class RoundedAdder:

@@ -53,6 +53,7 @@ __all__ = [
     "exp64",
     "fixed_sum",
     "gelu",
+    "group_norm",
     "linear",
     "log",
     "log64",
@@ -60,6 +61,7 @@ __all__ = [
     "matmul",
     "mean",
     "mse_loss",
+    "randn",
     "rms_norm",
     "sigmoid",
     "silu",
@@ -173,6 +175,38 @@ def _tanh64(x: torch.Tensor) -> torch.Tensor:
 def _sigmoid64(x: torch.Tensor) -> torch.Tensor:
     """1 / (1 + e^-x) in float64."""
     return 1.0 / (1.0 + exp64(-x))
+
+
+def _cos_2pi64(u: torch.Tensor) -> torch.Tensor:
+    """cos(2 pi u) in float64 from +, -, *: u = q/4 + r exactly, |r| <= 1/8, Taylor in 2 pi r."""
+    q = torch.round(4.0 * u)
+    t = (u - 0.25 * q) * (2.0 * math.pi)  # u - q/4 is exact; |t| <= pi/4
+    t2 = t * t
+    c = torch.full_like(t, (-1) ** 9 / math.factorial(18))
+    s = torch.full_like(t, (-1) ** 9 / math.factorial(19))
+    for k in range(8, -1, -1):
+        c = c * t2 + (-1) ** k / math.factorial(2 * k)
+        s = s * t2 + (-1) ** k / math.factorial(2 * k + 1)
+    s = s * t
+    quadrant = torch.remainder(q, 4.0)
+    return torch.where(quadrant == 0, c, torch.where(quadrant == 1, -s, torch.where(quadrant == 2, -c, s)))
+
+
+def randn(*shape: int, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """N(0, 1) samples sqrt(-2 ln U1) cos(2 pi U2), U1, U2 ~ U(0, 1] from torch.rand in float64.
+
+    torch.randn's float32 path uses vectorised approximations of log and cos whose bits depend
+    on the CPU's instruction set; this Box-Muller transform uses exp64/log64-style arithmetic
+    only, so a seed gives the same samples on every machine.
+    """
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator; got generator={generator!r}")
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64; got dtype={dtype!r}")
+    n = math.prod(shape)
+    u = torch.rand(2, n, generator=generator, dtype=torch.float64)
+    z = torch.sqrt(-2.0 * log64(1.0 - u[0])) * _cos_2pi64(u[1])
+    return z.reshape(shape).to(dtype)
 
 
 def fixed_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
@@ -455,6 +489,79 @@ def rms_norm(x: torch.Tensor, prec="float32", eps: float = 1e-6) -> torch.Tensor
         dt = get_format(prec.fmt).torch_dtype
         return torch.nn.functional.rms_norm(x.to(dt), (x.shape[-1],), eps=eps).to(prec.container)
     return _RMSNorm.apply(x, float(eps), prec)
+
+
+def _group_stats64(x: torch.Tensor, groups: int, eps: float):
+    """For float64 x (N, C, *): x_hat = (x - mean) r and r = 1/sqrt(var + eps) per (sample, group), grouped shape (N, G, m)."""
+    xg = x.reshape(x.shape[0], groups, -1)
+    m = xg.shape[-1]
+    d = xg - fixed_sum(xg, -1, keepdim=True) / m
+    r = 1.0 / torch.sqrt(fixed_sum(d * d, -1, keepdim=True) / m + eps)
+    return d * r, r
+
+
+def _channel_view(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A per-channel vector (C,) shaped (1, C, 1, ...) to broadcast against x (N, C, *)."""
+    return p.reshape(1, -1, *([1] * (x.dim() - 2)))
+
+
+class _GroupNorm(torch.autograd.Function):
+    """y = fl_F(x_hat gamma + beta), x_hat normalised over each (sample, group); float64 inside, one rounding."""
+
+    @staticmethod
+    def forward(ctx, x, groups, w, b, eps, prec):
+        xr = prec.round(x).to(torch.float64)
+        xhat, r = _group_stats64(xr, groups, eps)
+        xhat = xhat.reshape(xr.shape)
+        wr = None if w is None else _channel_view(prec.round(w).to(torch.float64), xr)
+        y = xhat if wr is None else xhat * wr
+        if b is not None:
+            y = y + _channel_view(prec.round(b).to(torch.float64), xr)
+        ctx.save_for_backward(xhat, r, wr)
+        ctx.groups, ctx.prec, ctx.has = groups, prec, (w is not None, b is not None)
+        return prec.round(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        xhat, r, wr = ctx.saved_tensors
+        prec, groups = ctx.prec, ctx.groups
+        g = prec.round(g).to(torch.float64)
+        gy = g if wr is None else g * wr
+        n = xhat.shape[0]
+        gg, hg = gy.reshape(n, groups, -1), xhat.reshape(n, groups, -1)
+        m = gg.shape[-1]
+        # dx = r (g' - mean(g') - x_hat mean(g' x_hat)) per group, g' = g gamma.
+        dx = r * (gg - fixed_sum(gg, -1, keepdim=True) / m
+                  - hg * (fixed_sum(gg * hg, -1, keepdim=True) / m))
+        per_channel = (0, *range(2, xhat.dim()))
+        gw = gb = None
+        if ctx.has[0] and ctx.needs_input_grad[2]:
+            gw = prec.round(_sum_over(g * xhat, per_channel))
+        if ctx.has[1] and ctx.needs_input_grad[3]:
+            gb = prec.round(_sum_over(g, per_channel))
+        return prec.round(dx.reshape(xhat.shape)), None, gw, gb, None, None
+
+
+def _sum_over(x: torch.Tensor, dims) -> torch.Tensor:
+    """fixed_sum over several dimensions, last first."""
+    for d in sorted(dims, reverse=True):
+        x = fixed_sum(x, d)
+    return x
+
+
+def group_norm(x: torch.Tensor, groups: int, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, prec="float32", eps: float = 1e-5) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over each group of C/groups channels of x (N, C, *), times weight plus bias."""
+    prec = _prec(prec)
+    if x.dim() < 2 or int(groups) != groups or groups < 1 or x.shape[1] % groups:
+        raise ValueError(f"group_norm needs x (N, C, *) with C divisible by groups; got shape "
+                         f"{tuple(x.shape)} and groups={groups!r}")
+    if prec.native:
+        dt = get_format(prec.fmt).torch_dtype
+        cv = (lambda p: None if p is None else p.to(dt))
+        return torch.nn.functional.group_norm(x.to(dt), int(groups), cv(weight), cv(bias),
+                                              eps).to(prec.container)
+    return _GroupNorm.apply(x, int(groups), weight, bias, float(eps), prec)
 
 
 class _LogSoftmax(torch.autograd.Function):

@@ -1,0 +1,358 @@
+"""precisionlab.emulate against oracles: sequential NumPy sums, math.exp/log, float64 gradcheck,
+torch's optimizers; and the same bits under every kernel dispatch level and thread count."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from precisionlab import emulate as em
+from precisionlab.formats import get_format
+from precisionlab.rounding import round_to
+
+F64 = em.Precision("float64", "float64")
+
+
+def _randn(*shape, seed=0, dtype=torch.float32):
+    return em.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _sequential_oracle(a: np.ndarray, b: np.ndarray, dtype) -> np.ndarray:
+    """acc <- acc + a[:, k] b[k, :], k = 0..K-1, each product and sum rounded to dtype (NumPy, no FMA)."""
+    a, b = a.astype(dtype), b.astype(dtype)
+    acc = np.zeros((a.shape[0], b.shape[1]), dtype=dtype)
+    for k in range(a.shape[1]):
+        acc = acc + (a[:, k:k + 1] * b[k:k + 1, :]).astype(dtype)
+    return acc
+
+
+# --------------------------------------------------------------------------- the precision
+
+
+def test_precision_rejects_bad_input():
+    with pytest.raises(ValueError, match="accumulate"):
+        em.Precision("bfloat16", accumulate="float16")
+    with pytest.raises(ValueError, match="backend"):
+        em.Precision("bfloat16", backend="gpu")
+    with pytest.raises(ValueError, match="narrower"):
+        em.Precision("float64", accumulate="float32")
+    with pytest.raises(ValueError, match="torch dtype"):
+        em.Precision("tf32", backend="native")
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        em.Precision("fp4")
+    with pytest.raises(TypeError, match="prec"):
+        em.exp(torch.ones(2), prec=3)
+
+
+def test_precision_accepts_aliases():
+    assert em.Precision("bf16").fmt == "bfloat16"
+    assert em.Precision("float64", "float64").container == torch.float64
+
+
+# --------------------------------------------------------------------------- the matmul
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("acc", ["float32", "float64"])
+def test_matmul_is_the_sequential_sum(fmt, acc):
+    prec = em.Precision(fmt, acc)
+    a, b = _randn(23, 150, seed=1), _randn(150, 17, seed=2)
+    got = em.matmul(a, b, prec)
+    ar, br = round_to(a, fmt).numpy(), round_to(b, fmt).numpy()
+    want = round_to(_sequential_oracle(ar, br, np.dtype(acc)), fmt).astype(np.float32)
+    assert got.dtype == torch.float32
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_matmul_float64_accumulation_of_exact_products_matches_fractions():
+    # bf16 operands of one binade: every partial sum is exact in float64, so it equals the rational sum.
+    a = round_to(1 + torch.rand(4, 64, generator=torch.Generator().manual_seed(3)), "bfloat16")
+    b = round_to(1 + torch.rand(64, 3, generator=torch.Generator().manual_seed(4)), "bfloat16")
+    got = em._gemm(a, b, em.Precision("bfloat16", "float64")).numpy()
+    from fractions import Fraction
+    for i in range(4):
+        for j in range(3):
+            exact = sum(Fraction(float(a[i, k])) * Fraction(float(b[k, j])) for k in range(64))
+            assert Fraction(float(got[i, j])) == exact
+
+
+def test_linear_bias_joins_the_accumulator_before_one_rounding():
+    prec = em.Precision("bfloat16")
+    x, w, b = _randn(5, 40, seed=5), _randn(7, 40, seed=6), _randn(7, seed=7)
+    got = em.linear(x, w, b, prec).numpy()
+    acc = _sequential_oracle(round_to(x, prec.fmt).numpy(), round_to(w, prec.fmt).numpy().T, np.float32)
+    want = round_to(acc + round_to(b, prec.fmt).numpy(), prec.fmt)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_linear_backward_uses_the_same_matmul():
+    prec = em.Precision("float16")
+    x = _randn(6, 30, seed=8).requires_grad_()
+    w = _randn(4, 30, seed=9).requires_grad_()
+    b = _randn(4, seed=10).requires_grad_()
+    g = _randn(6, 4, seed=11)
+    em.linear(x, w, b, prec).backward(g)
+    gr = round_to(g, "float16").numpy()
+    wr, xr = round_to(w, "float16").numpy(), round_to(x, "float16").numpy()
+    np.testing.assert_array_equal(x.grad.numpy(), round_to(_sequential_oracle(gr, wr, np.float32), "float16"))
+    np.testing.assert_array_equal(w.grad.numpy(), round_to(_sequential_oracle(gr.T, xr, np.float32), "float16"))
+    want_b = np.array([math.fsum(col) for col in gr.T.astype(np.float64)])
+    np.testing.assert_array_equal(b.grad.numpy(), round_to(want_b, "float16").astype(np.float32))
+
+
+def test_linear_handles_leading_dimensions_and_checks_shapes():
+    x, w = _randn(2, 3, 8, seed=12), _randn(5, 8, seed=13)
+    y = em.linear(x, w, prec="bfloat16")
+    assert y.shape == (2, 3, 5)
+    np.testing.assert_array_equal(y.reshape(6, 5).numpy(), em.linear(x.reshape(6, 8), w, prec="bfloat16").numpy())
+    with pytest.raises(ValueError, match="linear needs"):
+        em.linear(x, _randn(5, 7), prec="bfloat16")
+    with pytest.raises(ValueError, match="matmul needs"):
+        em.matmul(x, w, "bfloat16")
+
+
+@pytest.mark.parametrize("fn", ["matmul", "linear"])
+def test_gradcheck_float64(fn):
+    a = _randn(5, 7, seed=14, dtype=torch.float64).requires_grad_()
+    b = _randn(7, 3, seed=15, dtype=torch.float64).requires_grad_()
+    c = _randn(5, seed=16, dtype=torch.float64).requires_grad_()
+    if fn == "matmul":
+        assert torch.autograd.gradcheck(lambda p, q: em.matmul(p, q, F64), (a, b))
+    else:
+        assert torch.autograd.gradcheck(lambda p, q, r: em.linear(q.T, p, r, F64), (a, b, c))
+
+
+# --------------------------------------------------------------------------- float64 building blocks
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=-745.0, max_value=709.7, allow_nan=False))
+def test_exp64_within_one_ulp_of_libm(x):
+    got = float(em.exp64(torch.tensor([x], dtype=torch.float64)))
+    want = math.exp(x)
+    assert abs(got - want) <= 1.01 * math.ulp(want) if want > 0 else got == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=5e-324, max_value=1.7e308, allow_nan=False))
+def test_log64_within_two_ulp_of_libm(x):
+    got = float(em.log64(torch.tensor([x], dtype=torch.float64)))
+    want = math.log(x)
+    assert abs(got - want) <= 2 * math.ulp(want) + 1e-300
+
+
+def test_exp_log_special_values():
+    inf, nan = math.inf, math.nan
+    e = em.exp64(torch.tensor([0.0, inf, -inf, nan, 710.0, -746.0], dtype=torch.float64))
+    assert e[:3].tolist() == [1.0, inf, 0.0] and math.isnan(e[3]) and e[4] == inf and e[5] == 0
+    lg = em.log64(torch.tensor([0.0, 1.0, inf, -1.0, nan], dtype=torch.float64))
+    assert lg[:3].tolist() == [-inf, 0.0, inf] and lg[3:].isnan().all()
+
+
+def _pairwise_oracle(v: list[float]) -> float:
+    """The documented tree: pad to even with 0, add x_i + x_(i+h), repeat."""
+    while len(v) > 1:
+        if len(v) % 2:
+            v = [*v, 0.0]
+        h = len(v) // 2
+        v = [v[i] + v[i + h] for i in range(h)]
+    return v[0] if v else 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6), min_size=0, max_size=70))
+def test_fixed_sum_is_the_documented_tree(values):
+    x = torch.tensor(values, dtype=torch.float64)
+    assert float(em.fixed_sum(x, 0)) == _pairwise_oracle(list(values))
+
+
+def test_fixed_sum_error_is_within_the_pairwise_bound():
+    x = _randn(1000, seed=17, dtype=torch.float64).exp()
+    exact = math.fsum(x.tolist())
+    # pairwise summation: |error| <= ceil(log2 n) u sum|x| (plus second-order terms)
+    assert abs(float(em.fixed_sum(x, 0)) - exact) <= 10 * 2**-53 * exact * 1.01
+
+
+@pytest.mark.parametrize("name", ["exp", "tanh", "sigmoid", "gelu", "silu", "log"])
+def test_unary_gradcheck_and_values(name):
+    x = _randn(4, 6, seed=18, dtype=torch.float64)
+    if name == "log":
+        x = x.abs() + 0.5
+    x.requires_grad_()
+    f = getattr(em, name)
+    assert torch.autograd.gradcheck(lambda z: f(z, F64), (x,))
+    ref = {"exp": torch.exp, "log": torch.log, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
+           "silu": torch.nn.functional.silu,
+           "gelu": lambda z: torch.nn.functional.gelu(z, approximate="tanh")}[name]
+    torch.testing.assert_close(f(x, F64), ref(x), rtol=1e-14, atol=1e-15)
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16", "float32"])
+def test_results_are_rounded_once_to_the_format(fmt):
+    x = _randn(3, 50, seed=19)
+    for y in (em.gelu(x, fmt), em.log_softmax(x, fmt), em.rms_norm(x, fmt), em.sum(x, 1, prec=fmt)):
+        np.testing.assert_array_equal(y.numpy(), round_to(y, fmt).numpy())
+    # one rounding of the float64 value, not two
+    xr = round_to(x, fmt).double()  # the operand is stored in the format first
+    want = round_to(torch.nn.functional.gelu(xr, approximate="tanh"), fmt).float()
+    assert (em.gelu(x, fmt) != want).float().mean() < 1e-3
+
+
+def test_norms_softmax_losses_gradcheck_and_values():
+    x = _randn(5, 7, seed=20, dtype=torch.float64).requires_grad_()
+    t = _randn(5, 7, seed=21, dtype=torch.float64)
+    cases = [
+        (lambda z: em.rms_norm(z, F64), lambda z: torch.nn.functional.rms_norm(z, (7,), eps=1e-6)),
+        (lambda z: em.log_softmax(z, F64), lambda z: torch.log_softmax(z, -1)),
+        (lambda z: em.sum(z, 1, prec=F64), lambda z: z.sum(1)),
+        (lambda z: em.mean(z, 0, True, prec=F64), lambda z: z.mean(0, keepdim=True)),
+        (lambda z: em.mean(z, prec=F64), lambda z: z.mean()),
+        (lambda z: em.mse_loss(z, t, F64), lambda z: torch.nn.functional.mse_loss(z, t)),
+    ]
+    for f, ref in cases:
+        assert torch.autograd.gradcheck(f, (x,))
+        torch.testing.assert_close(f(x), ref(x), rtol=1e-13, atol=1e-14)
+    with pytest.raises(ValueError, match="equal shapes"):
+        em.mse_loss(x, t[:3], F64)
+
+
+def test_randn_is_standard_normal_and_cos_is_accurate():
+    z = em.randn(200_000, generator=torch.Generator().manual_seed(29), dtype=torch.float64)
+    assert abs(float(z.mean())) < 0.01 and abs(float(z.std()) - 1) < 0.01
+    # Kolmogorov-Smirnov distance to Phi, far below the 1% critical value 1.63/sqrt(n)
+    zs = np.sort(z.numpy())
+    phi = 0.5 * (1 + np.vectorize(math.erf)(zs / math.sqrt(2)))
+    ks = np.max(np.abs(phi - np.arange(1, zs.size + 1) / zs.size))
+    assert ks < 1.63 / math.sqrt(zs.size)
+    u = torch.rand(10_000, generator=torch.Generator().manual_seed(30), dtype=torch.float64)
+    want = torch.tensor([math.cos(2 * math.pi * v) for v in u.tolist()], dtype=torch.float64)
+    assert float((em._cos_2pi64(u) - want).abs().max()) < 8 * 2**-53  # both round 2 pi u
+    with pytest.raises(TypeError, match="generator"):
+        em.randn(3, generator=0)
+    with pytest.raises(ValueError, match="dtype"):
+        em.randn(3, generator=torch.Generator(), dtype=torch.float16)
+
+
+# --------------------------------------------------------------------------- optimizers
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_matches_torch_in_float64(momentum):
+    w0 = _randn(20, seed=22, dtype=torch.float64)
+    p1, p2 = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(w0.clone())
+    o1 = em.SGD([p1], lr=0.1, momentum=momentum, prec=F64)
+    o2 = torch.optim.SGD([p2], lr=0.1, momentum=momentum)
+    for s in range(5):
+        g = _randn(20, seed=100 + s, dtype=torch.float64)
+        p1.grad, p2.grad = g.clone(), g.clone()
+        o1.step()
+        o2.step()
+    torch.testing.assert_close(p1.detach(), p2.detach(), rtol=1e-14, atol=1e-15)
+
+
+def test_adam_matches_torch_in_float64_and_stores_in_the_format():
+    w0 = _randn(20, seed=23, dtype=torch.float64)
+    p1, p2 = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(w0.clone())
+    o1 = em.Adam([p1], lr=1e-2, prec=F64)
+    o2 = torch.optim.Adam([p2], lr=1e-2, foreach=False)
+    for s in range(6):
+        g = _randn(20, seed=200 + s, dtype=torch.float64)
+        p1.grad, p2.grad = g.clone(), g.clone()
+        o1.step()
+        o2.step()
+    torch.testing.assert_close(p1.detach(), p2.detach(), rtol=1e-12, atol=1e-14)
+    p = torch.nn.Parameter(round_to(_randn(50, seed=24), "bfloat16"))
+    opt = em.Adam([p], lr=1e-3, prec="bfloat16")
+    p.grad = _randn(50, seed=25)
+    opt.step()
+    np.testing.assert_array_equal(p.detach().numpy(), round_to(p.detach(), "bfloat16").numpy())
+
+
+def test_optimizers_reject_bad_input():
+    p = torch.nn.Parameter(torch.ones(2))
+    with pytest.raises(ValueError, match="lr"):
+        em.SGD([p], lr=-1.0)
+    with pytest.raises(ValueError, match="momentum"):
+        em.SGD([p], lr=0.1, momentum=1.5)
+    with pytest.raises(ValueError, match=r"betas\[1\]"):
+        em.Adam([p], betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="empty"):
+        em.SGD([], lr=0.1)
+
+
+# --------------------------------------------------------------------------- native back end
+
+
+def test_native_backend_runs_torch_kernels_in_the_container():
+    x, w = _randn(8, 32, seed=26), _randn(4, 32, seed=27)
+    nat = em.Precision("bfloat16", backend="native")
+    y = em.linear(x, w, prec=nat)
+    assert y.dtype == torch.float32
+    np.testing.assert_array_equal(y.numpy(), round_to(y, "bfloat16").numpy())
+    # torch's bf16 kernel and the emulation agree to within a couple of bf16 ulps
+    torch.testing.assert_close(y, em.linear(x, w, prec="bfloat16"), rtol=2 * 2**-8, atol=1e-2)
+
+
+def test_emulated_linear_module():
+    lin = torch.nn.Linear(6, 3)
+    em_lin = em.Linear.from_torch(lin, "float16")
+    x = _randn(2, 6, seed=28)
+    np.testing.assert_array_equal(em_lin(x).detach().numpy(),
+                                  em.linear(x, lin.weight, lin.bias, "float16").detach().numpy())
+    assert get_format("float16").name == em_lin.prec.fmt
+
+
+# --------------------------------------------------------------------------- the same bits everywhere
+
+_PROGRAM = textwrap.dedent("""
+    import hashlib, torch
+    from precisionlab import emulate as em
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for fmt in ("bfloat16", "float16", "float32"):
+        P = em.Precision(fmt)
+        w1 = torch.nn.Parameter(em.randn(96, 64, generator=g) / 8)
+        w2 = torch.nn.Parameter(em.randn(200, 96, generator=g) / 8)
+        opt = em.Adam([w1, w2], lr=1e-2, prec="float32")
+        x = em.randn(256, 64, generator=g)
+        tgt = torch.randint(0, 200, (256,), generator=g)
+        for step in range(4):
+            h = em.gelu(em.linear(em.rms_norm(x, P), em.cast(w1, P), prec=P), P)
+            lp = em.log_softmax(em.linear(h, em.cast(w2, P), prec=P), "float32")
+            loss = -em.mean(lp.gather(1, tgt[:, None]), prec="float32")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out += [loss.detach(), w1.detach().clone(), w2.detach().clone(), em.exp(lp, P).detach()]
+    print(hashlib.sha256(b"".join(t.numpy().tobytes() for t in out)).hexdigest())
+""")
+
+_CONFIGS = {
+    "as is": {},
+    "ATEN default": {"ATEN_CPU_CAPABILITY": "default"},
+    "AVX2 caps": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                  "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "1 thread": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+    "generic numba CPU, cold cache": {"NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": "{tmp}"},
+}
+
+
+def test_same_bits_under_every_dispatch_level_and_thread_count(tmp_path):
+    hashes = {}
+    for name, env in _CONFIGS.items():
+        full = {**os.environ, **{k: v.format(tmp=tmp_path) for k, v in env.items()}}
+        res = subprocess.run([sys.executable, "-c", _PROGRAM], env=full, capture_output=True,
+                             text=True, timeout=300, check=True)
+        hashes[name] = res.stdout.strip()
+    assert len(set(hashes.values())) == 1, hashes
+    assert len(hashes["as is"]) == len(hashlib.sha256().hexdigest())

@@ -2,8 +2,9 @@
 
 Oracles: exact rational arithmetic (fractions.Fraction) for the attenuation model, float64
 backpropagation written out by hand (NumPy) for the network's gradients, orthogonality
-(W^T W = a^2 I) for the initialisation, and the float16 network itself for the model's
-predicted underflow depth.
+(W^T W = a^2 I) and LAPACK's QR for the initialisation, scalar math.log/math.fsum for the
+portable random draws and norms, torch's native kernels for the emulated network, and the
+float16 network itself for the model's predicted underflow depth.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from precisionlab.formats import get_format
+from precisionlab.rounding import round_to
 from precisionlab.underflow import (
     FLOORS,
     AttenuatingNet,
@@ -114,6 +116,7 @@ def test_gradient_by_depth_and_floors():
         (lambda: gradient_by_depth(0.8, 0), "depth"),
         (lambda: AttenuatingNet(4, 4, 0.8, "float8_e5m2"), "valid choices for a real network"),
         (lambda: AttenuatingNet(0, 4, 0.8), "depth"),
+        (lambda: AttenuatingNet(4, 4, 0.8, backend="gpu"), "valid choices: emulated, native"),
         (lambda: train_probe(0.8, 4, steps=0), "steps"),
     ],
 )
@@ -178,7 +181,9 @@ def test_model_predicts_the_float16_networks_underflow_depth(attenuation, seed):
     predicted = predicted_underflow_depth(probes["float32"], attenuation, "float16")
     measured = measured_underflow_depth(probes["float16"])
     assert predicted is not None and measured is not None
-    assert abs(predicted - measured) <= 1
+    # The chapter's claim: the network underflows at the model's depth or one layer later,
+    # never earlier (a -1 shift would be a different finding, so it must fail here).
+    assert 0 <= measured - predicted <= 1
     assert measured_underflow_depth(probes["float32"]) is None
 
 
@@ -203,6 +208,81 @@ def test_train_probe_keeps_the_format_and_learns():
     p = train_probe(0.82, 64, "float16", steps=4, lr=0.1)
     assert p.fmt == "float16" and p.loss.shape == (4,) and p.loss[-1] < p.loss[0]
     assert p.zero_fraction().shape == (4, 64) and p.norm("signal").shape == (4, 64)
+
+
+# --------------------------------------------------------------------------- portability
+
+
+def test_normal_draws_are_the_polar_method_on_torch_uniforms():
+    from precisionlab.underflow import _normal
+
+    z = _normal(torch.Generator().manual_seed(7), (3, 5))
+    assert z.dtype == torch.float64 and z.shape == (3, 5)
+    # Oracle: the same uniforms, the polar method in Python scalars with math.log and math.sqrt.
+    uv = (2.0 * torch.rand(16 + 8 * 4 // 3, 2, generator=torch.Generator().manual_seed(7),
+                           dtype=torch.float64) - 1.0).tolist()
+    want = []
+    for u, v in uv:
+        s = u * u + v * v
+        if 0 < s < 1:
+            f = math.sqrt(-2.0 * math.log(s) / s)
+            want += [u * f, v * f]
+    assert np.allclose(z.reshape(-1).numpy(), want[:15], rtol=1e-14, atol=0)
+    big = _normal(torch.Generator().manual_seed(0), (200_000,)).numpy()
+    assert abs(big.mean()) < 0.01 and abs(big.var() - 1) < 0.01
+    assert abs(np.mean(np.abs(big) < 1) - 0.6827) < 0.005  # P(|Z| < 1)
+
+
+def test_orthogonal_matrices_match_lapack_qr():
+    from precisionlab.underflow import _normal, _orthonormal_columns
+
+    a = _normal(torch.Generator().manual_seed(1), (4, 24, 24))
+    q = _orthonormal_columns(a)
+    ref, r = torch.linalg.qr(a)
+    ref = ref * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # diag(R) > 0
+    assert torch.allclose(q, ref, atol=1e-10, rtol=0)
+
+
+def test_every_format_stores_the_float64_network_rounded_once():
+    nets = {f: AttenuatingNet(6, 16, 0.8, f, seed=2) for f in ("float32", "bfloat16", "float16")}
+    for f, net in nets.items():
+        for lin, lin32 in zip(net.layers, nets["float32"].layers, strict=True):
+            assert lin.weight.dtype == torch.float32
+            assert torch.equal(lin.weight, torch.as_tensor(round_to(lin.weight.double(), f)))
+            assert torch.allclose(lin.weight, lin32.weight, rtol=2.0**-get_format(f).mantissa_bits,
+                                  atol=0)
+
+
+def test_stats_norm_is_the_exactly_rounded_sum_to_float64_accuracy():
+    rng = np.random.default_rng(0)
+    ts = [torch.from_numpy(rng.standard_normal((16, 64)) * 10.0**rng.integers(-8, 3))
+          for _ in range(5)]
+    stats = GradientStats.of(ts)
+    want = [math.sqrt(math.fsum(float(v) ** 2 for v in t.reshape(-1))) for t in ts[::-1]]
+    assert np.allclose(stats.norm, want, rtol=1e-14, atol=0)
+
+
+def test_gradient_entering_the_network_is_in_its_format():
+    g = probe_gradients(AttenuatingNet(8, 16, 0.8, "float16"), *make_batch(16, 4, "float16"))
+    top = g.signal.max_abs  # an entry of each layer's dL/dh, depth 0 (the loss's own) included
+    assert np.array_equal(np.asarray(round_to(top, "float16")), top)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float16"])
+def test_native_backend_runs_torch_kernels_on_the_same_network(fmt):
+    emu = AttenuatingNet(30, 32, 0.7, fmt, seed=4)
+    nat = AttenuatingNet(30, 32, 0.7, fmt, seed=4, backend="native")
+    for a, b in zip(emu.layers, nat.layers, strict=True):
+        assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+    batch = make_batch(32, 8, fmt, seed=4)
+    ge, gn = probe_gradients(emu, *batch), probe_gradients(nat, *batch)
+    assert gn.fmt == ge.fmt == fmt
+    # Different kernels, different rounding: close, not necessarily equal.
+    tol = 1e-5 if fmt == "float32" else 0.1
+    assert ge.loss == pytest.approx(gn.loss, rel=tol)
+    assert np.allclose(ge.signal.norm[:10], gn.signal.norm[:10], rtol=tol, atol=0)
+    p = train_probe(0.82, 24, fmt, steps=2, backend="native")
+    assert p.loss.shape == (2,) and np.isfinite(p.loss).all()
 
 
 # --------------------------------------------------------------------------- diagnosis

@@ -306,7 +306,7 @@ def plot_sum_outcomes(sums, exact: float, tol: float, acc="float32",
     for key, sel in (("stop", stop), ("continue", ~stop)):
         if sel.any():
             ax.bar(pos[sel], frac[sel], width=width, color=_DECISION_COLORS[key],
-                   label=f"S < tol: {key} ({frac[sel].sum():.1%})")
+                   label=f"{'S < tol' if key == 'stop' else 'S ≥ tol'}: {key} ({frac[sel].sum():.1%})")
     ax.axvline((tol - exact) / unit, color=PALETTE["black"], ls="--", lw=1.4, label="tol")
     ax.axvline(0.0, color="#777777", ls=":", lw=1.4, label="exact sum")
     if marks:

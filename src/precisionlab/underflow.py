@@ -10,9 +10,14 @@ learning. `first_underflow_depth` solves for ``k`` exactly.
 ``h <- W h + b`` with ``W = a · Q`` (``Q`` random orthogonal, so every backward step multiplies
 the gradient's norm by exactly ``a``) and biases of variance ``1 - a^2`` (so the forward signal
 stays at unit scale at every depth). `probe_gradients` runs one backward pass in the network's
-own dtype (float16, bfloat16 or float32) and returns per-layer statistics; `train_probe`
+format (float16, bfloat16 or float32) and returns per-layer statistics; `train_probe`
 repeats that for a few SGD steps; `health_table`, `health_summary` and `diagnose` print what
 a practitioner would look at.
+
+The network computes through `precisionlab.emulate` (backend="emulated", the default): values
+stored in the format, products and sums in float32 in a fixed order, one rounding per
+operation, so every number is the same on every CPU and thread count. backend="native" runs
+torch's own float16/bfloat16/float32 kernels instead: what this machine's hardware gives.
 """
 
 from __future__ import annotations
@@ -22,12 +27,15 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 import torch
 
+from . import emulate
 from .checks import check_choice
 from .checks import check_positive as _check_positive
+from .emulate import BACKENDS, Precision, exp64, fixed_sum, log64
 from .formats import FloatFormat, get_format
 
 __all__ = [
@@ -119,49 +127,99 @@ def first_underflow_depth(attenuation: float, fmt="float16", g0: float = 1.0,
 # --------------------------------------------------------------------------- the network
 
 
-def _torch_dtype(fmt) -> torch.dtype:
+def _network_format(fmt) -> str:
     f = get_format(fmt)
     if f.name not in NETWORK_FORMATS:
         raise ValueError(
             f"the network runs in {f.name!r} only as a model; valid choices for a real network: "
             f"{', '.join(NETWORK_FORMATS)}"
         )
-    return f.torch_dtype
+    return f.name
+
+
+def _precision(fmt, backend: str) -> Precision:
+    check_choice(backend, "backend", BACKENDS)
+    return Precision(_network_format(fmt), backend=backend)
+
+
+def _normal(gen: torch.Generator, shape) -> torch.Tensor:
+    """i.i.d. N(0, 1) in float64 by Marsaglia's polar method: z = u sqrt(-2 ln s / s), s = u^2 + v^2 < 1.
+
+    Built from torch's float64 uniforms (integer bits times 2^-53) and +, -, *, /, sqrt and
+    emulate.log64, so the draws are the same bits on every CPU. (torch.randn is not: its
+    float32 Box-Muller kernel changes with the instruction set.)
+    """
+    shape = tuple(int(n) for n in shape)
+    need = math.prod(shape)
+    pairs = (need + 1) // 2
+    accepted: list[torch.Tensor] = []
+    have = 0
+    while have < pairs:
+        draw = (pairs - have) * 4 // 3 + 16
+        uv = 2.0 * torch.rand(draw, 2, generator=gen, dtype=torch.float64) - 1.0
+        s = uv[:, 0] * uv[:, 0] + uv[:, 1] * uv[:, 1]
+        ok = (s > 0) & (s < 1)
+        uv, s = uv[ok], s[ok]
+        accepted.append(uv * torch.sqrt(-2.0 * log64(s) / s).unsqueeze(1))
+        have += int(ok.sum())
+    return torch.cat(accepted).reshape(-1)[:need].reshape(shape)
+
+
+def _orthonormal_columns(a: torch.Tensor) -> torch.Tensor:
+    """Modified Gram-Schmidt on each (n, n) matrix of a (float64), dot products by fixed_sum.
+
+    The result Q has positive diag(R) in a = QR, so for Gaussian a it is Haar-distributed (what
+    Q·sign(diag R) from a LAPACK QR gives), and it has the same bits on every CPU.
+    """
+    v = a.to(torch.float64).clone()
+    for j in range(v.shape[-1]):
+        col = v[..., :, j]
+        col = col / torch.sqrt(fixed_sum(col * col, -1)).unsqueeze(-1)
+        v[..., :, j] = col
+        if j + 1 < v.shape[-1]:
+            rest = v[..., :, j + 1:]
+            r = fixed_sum(col.unsqueeze(-1) * rest, -2)  # <q_j, v_i> for the remaining columns
+            v[..., :, j + 1:] = rest - col.unsqueeze(-1) * r.unsqueeze(-2)
+    return v
+
+
+@lru_cache(maxsize=8)
+def _initial_draws(depth: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Q, z): depth Haar-orthogonal (width, width) matrices and N(0, 1) bias draws, float64."""
+    gen = torch.Generator().manual_seed(int(seed))
+    q = _orthonormal_columns(_normal(gen, (depth, width, width)))
+    return q, _normal(gen, (depth, width))
 
 
 class AttenuatingNet(torch.nn.Module):
-    """depth affine layers h <- W h + b, W = a·Q (Q orthogonal), b ~ N(0, 1 - a^2): backward gain a per layer."""
+    """depth affine layers h <- W h + b, W = a·Q (Q orthogonal), b ~ N(0, 1 - a^2): backward gain a per layer.
+
+    Parameters are float32 tensors holding values of fmt; every layer runs through
+    emulate.linear in Precision(fmt) (backend="emulated": products exact, float32 accumulation
+    in a fixed order, one rounding to fmt) or with torch's own kernels in fmt (backend="native").
+    """
 
     def __init__(self, depth: int = 96, width: int = 64, attenuation: float = 0.82,
-                 fmt="float32", seed: int = 0):
+                 fmt="float32", seed: int = 0, backend: str = "emulated"):
         super().__init__()
         a = _check_positive(attenuation, "attenuation")
         if int(depth) != depth or depth < 1:
             raise ValueError(f"depth must be a positive integer; got depth={depth!r}")
         if int(width) != width or width < 1:
             raise ValueError(f"width must be a positive integer; got width={width!r}")
-        dtype = _torch_dtype(fmt)
+        self.prec = _precision(fmt, backend)
         self.attenuation = a
-        self.fmt = get_format(fmt).name
-        gen = torch.Generator().manual_seed(int(seed))
+        self.fmt = self.prec.fmt
+        self.backend = backend
         n, L = int(width), int(depth)
         # Bias variance 1 - a^2 keeps E|h|^2 at its input value for a < 1 (the stationary
         # point of v <- a^2 v + s^2); for a >= 1 no bias keeps it bounded, so use unit variance.
         bias_std = math.sqrt(1 - a * a) if a < 1 else 1.0
-        # One batched QR for all layers (what nn.init.orthogonal_ does one matrix at a time):
-        # Q·sign(diag R) is Haar-distributed. Built in float32, then rounded to the format, so
-        # every format stores the same network.
-        q, r = torch.linalg.qr(torch.randn(L, n, n, generator=gen))
-        q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
-        biases = bias_std * torch.randn(L, n, generator=gen)
-        layers = []
-        for i in range(L):
-            lin = torch.nn.Linear(n, n)
-            with torch.no_grad():
-                lin.weight.copy_(a * q[i])
-                lin.bias.copy_(biases[i])
-            layers.append(lin)
-        self.layers = torch.nn.ModuleList(layers).to(dtype)
+        # Built in float64 with elementwise arithmetic only, then rounded once to the format:
+        # every format stores the same network, on every CPU.
+        q, z = _initial_draws(L, n, int(seed))
+        self.layers = torch.nn.ModuleList(
+            [emulate.Linear(a * q[i], bias_std * z[i], self.prec) for i in range(L)])
 
     @property
     def depth(self) -> int:
@@ -169,26 +227,39 @@ class AttenuatingNet(torch.nn.Module):
         return len(self.layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """h_{i+1} = W_i h_i + b_i for i = 0, ..., depth - 1."""
+        """h_{i+1} = fl(W_i h_i + b_i) for i = 0, ..., depth - 1, in the network's Precision."""
         for lin in self.layers:
             x = lin(x)
         return x
 
 
 def make_batch(width: int = 64, batch: int = 16, fmt="float32", seed: int = 0):
-    """(x, t): inputs and regression targets with i.i.d. N(0, 1) entries, rounded to fmt."""
-    dtype = _torch_dtype(fmt)
+    """(x, t): inputs and regression targets with i.i.d. N(0, 1) entries, rounded to fmt (float32 tensors)."""
+    prec = Precision(_network_format(fmt))
     gen = torch.Generator().manual_seed(int(seed) + 10_000)  # independent of the weights' stream
-    x = torch.randn(int(batch), int(width), generator=gen)
-    t = torch.randn(int(batch), int(width), generator=gen)
-    return x.to(dtype), t.to(dtype)
+    x = _normal(gen, (int(batch), int(width)))
+    t = _normal(gen, (int(batch), int(width)))
+    return prec.round(x), prec.round(t)
+
+
+class _GradTo(torch.autograd.Function):
+    """Identity forward; backward rounds the incoming gradient to F (a cast back to F's dtype)."""
+
+    @staticmethod
+    def forward(ctx, x, prec):
+        ctx.prec = prec
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.prec.round(g), None
 
 
 @dataclass(frozen=True)
 class GradientStats:
     """Per-layer statistics of one kind of gradient; index k = depth below the loss (0 = last layer)."""
 
-    norm: np.ndarray  # Euclidean norm over the layer's entries, accumulated in float64
+    norm: np.ndarray  # Euclidean norm over the layer's entries, a fixed_sum in float64
     median_abs: np.ndarray  # median |entry|: the "typical" gradient entry
     max_abs: np.ndarray
     zero_fraction: np.ndarray  # fraction of entries that are exactly 0
@@ -197,15 +268,15 @@ class GradientStats:
     @classmethod
     def of(cls, tensors: Sequence[torch.Tensor]) -> GradientStats:
         """Statistics of tensors listed from the input layer to the last (stored reversed, by depth)."""
-        g = torch.stack([t.detach().to(torch.float64) for t in tensors[::-1]]).flatten(1).numpy()
+        gt = torch.stack([t.detach().to(torch.float64) for t in tensors[::-1]]).flatten(1)
+        norm = torch.sqrt(fixed_sum(gt * gt, -1)).numpy()  # fixed order: same bits everywhere
+        g = gt.numpy()
         mag = np.abs(g)
-        with np.errstate(invalid="ignore"):  # inf - inf inside the norm of an overflowed layer
-            norm = np.sqrt(np.sum(mag * mag, axis=1))
         return cls(
             norm=norm,
-            median_abs=np.median(mag, axis=1),  # partition-based; midpoint for even counts
+            median_abs=np.median(mag, axis=1),  # selection; midpoint of two values for even counts
             max_abs=mag.max(axis=1),
-            zero_fraction=(g == 0).mean(axis=1),
+            zero_fraction=(g == 0).sum(axis=1) / g.shape[1],
             finite=np.isfinite(g).all(axis=1),
         )
 
@@ -238,18 +309,21 @@ class LayerGradients:
 
 def probe_gradients(net: AttenuatingNet, x: torch.Tensor, t: torch.Tensor,
                     loss_scale: float = 1.0) -> LayerGradients:
-    """One pass of L = mean((net(x) - t)^2): network in its own dtype, L in float32 (as autocast
-    computes losses); backward from S·L, statistics of the stored gradients divided by S in float64."""
+    """One pass of L = mean((net(x) - t)^2): layers in the network's Precision, L in float32 (as
+    autocast computes losses); backward from fl32(S·L), the gradient entering the network rounded
+    to its format; statistics of the stored gradients divided by S in float64."""
     s = _check_positive(loss_scale, "loss_scale")
+    prec = net.prec
+    loss_prec = Precision("float32", backend=prec.backend)
     net.zero_grad(set_to_none=True)
     outputs = []
-    h = x
+    h = prec.round(x) if not prec.native else x.to(torch.float32)
     for lin in net.layers:
         h = lin(h)
-        h.retain_grad()  # keep dL/dh_k, the backward signal, as autograd stored it
+        h.retain_grad()  # keep dL/dh_k, the backward signal, as the backward pass stored it
         outputs.append(h)
-    loss = torch.nn.functional.mse_loss(h.float(), t.float())
-    (loss * s).backward()  # the gradient enters the network rounded to its dtype
+    loss = emulate.mse_loss(_GradTo.apply(h, prec), t.to(torch.float32), loss_prec)
+    (loss * torch.tensor(s, dtype=torch.float32)).backward()  # one float32 multiply
     return LayerGradients(
         fmt=net.fmt,
         loss=float(loss.detach()),
@@ -277,22 +351,31 @@ class TrainingProbe:
 
 
 def train_probe(attenuation: float = 0.82, depth: int = 96, fmt="float16", steps: int = 10,
-                lr: float = 0.1, width: int = 64, batch: int = 16, seed: int = 0) -> TrainingProbe:
-    """Plain SGD, w <- w - lr·g with weights, activations and gradients all stored in fmt."""
+                lr: float = 0.1, width: int = 64, batch: int = 16, seed: int = 0,
+                backend: str = "emulated") -> TrainingProbe:
+    """Plain SGD, w <- fl(w - lr·g), with weights, activations and gradients all stored in fmt."""
     if int(steps) != steps or steps < 1:
         raise ValueError(f"steps must be a positive integer; got steps={steps!r}")
     lr = _check_positive(lr, "lr")
-    net = AttenuatingNet(depth, width, attenuation, fmt, seed)
+    net = AttenuatingNet(depth, width, attenuation, fmt, seed, backend)
     x, t = make_batch(width, batch, fmt, seed)
+    if net.prec.native:
+        dt = get_format(net.fmt).torch_dtype
+
+        @torch.no_grad()
+        def update():
+            for p in net.parameters():  # torch's own kernels in fmt: lr·g rounded, then w - lr·g
+                p.copy_((p.to(dt) - lr * p.grad.to(dt)).to(torch.float32))
+    else:
+        opt = emulate.SGD(net.parameters(), lr, prec=net.prec)
+        update = opt.step
     losses, records = [], []
     for _ in range(int(steps)):
         rec = probe_gradients(net, x, t)
         losses.append(rec.loss)
         records.append(rec)
-        with torch.no_grad():
-            for p in net.parameters():
-                p.sub_(lr * p.grad)  # the update is rounded to fmt, like the weights
-    return TrainingProbe(get_format(fmt).name, float(attenuation), np.array(losses), tuple(records))
+        update()
+    return TrainingProbe(net.fmt, float(attenuation), np.array(losses), tuple(records))
 
 
 def measured_underflow_depth(grads: LayerGradients, which: str = "signal",
@@ -312,8 +395,11 @@ def fit_g0(grads32: LayerGradients, attenuation: float, which: str = "signal") -
     ok = med > 0
     if not ok.any():
         raise ValueError("every layer's median gradient is 0; give a probe that did not underflow")
-    # The median over depths of log m_k - k log a is robust to a few atypical layers.
-    return float(np.exp(np.median(np.log(med[ok]) - k[ok] * math.log(a))))
+    # The median over depths of log m_k - k log a is robust to a few atypical layers. log64 and
+    # exp64 use only +, -, *, /: the fitted g0 has the same bits on every CPU.
+    logs = log64(torch.from_numpy(med[ok])) - torch.from_numpy(k[ok].astype(np.float64)) * \
+        log64(torch.tensor(a, dtype=torch.float64))
+    return float(exp64(torch.tensor(np.median(logs.numpy()), dtype=torch.float64)))
 
 
 def predicted_underflow_depth(grads32: LayerGradients, attenuation: float, fmt="float16",

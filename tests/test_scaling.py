@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import re
 
 import numpy as np
 import pytest
@@ -117,7 +118,9 @@ def test_unscale_matches_foreach_unscale_kernel(values, scale, dtype):
     inv = torch.full((), scale, dtype=torch.float32).double().reciprocal().float()
     torch._amp_foreach_non_finite_check_and_unscale_(ref, found, inv)
     assert torch.equal(p.grad.nan_to_num(nan=7.0), ref[0].nan_to_num(nan=7.0))
-    assert torch.equal(p.grad.isnan(), ref[0].isnan())
+    # Bit for bit, NaN encodings included (issue 9: bfloat16 NaNs become 0x7fc0).
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}
+    assert torch.equal(p.grad.view(ints[dtype]), ref[0].view(ints[dtype]))
     s.step(opt)
     s.update()
     assert s.history.skipped.tolist() == [bool(found.item())]
@@ -348,8 +351,23 @@ def test_compare_with_gradscaler_reports_identical_runs():
     from precisionlab.scaling import compare_with_gradscaler
 
     r = compare_with_gradscaler(steps=300, growth_interval=3, p_bad=0.05, seed=4)
+    # Check the records themselves, not only the package's own `identical` flag.
+    assert np.array_equal(r.ours.scale, r.reference.scale)
+    assert np.array_equal(r.ours.skipped, r.reference.skipped)
+    assert np.array_equal(*r.trackers)
+    a, b = r.params
+    assert a.shape == (300, 8) and np.array_equal(a, b, equal_nan=True)
     assert r.identical and r.injected.size > 0
     assert set(r.injected) <= set(r.ours.skipped_steps)
+    # The parameters change exactly at the steps that were not skipped.
+    moved = np.any(np.diff(np.vstack([np.ones((1, 8), np.float32), a]), axis=0) != 0, axis=1)
+    assert np.array_equal(moved, ~r.ours.skipped)
+    # A run that differs in one step is not reported identical.
+    from dataclasses import replace
+
+    tampered = a.copy()
+    tampered[150, 0] = np.nextafter(tampered[150, 0], np.float32(2))
+    assert not replace(r, params=(tampered, b)).identical
 
 
 def test_gradient_stream_shape_and_validation():
@@ -385,3 +403,169 @@ def test_scaling_figures_and_widgets(capsys):
     with pytest.raises(ValueError, match="growth_interval"):
         widgets.scaling_view(growth_interval=0)
     plt.close("all")
+
+
+# --------------------------------------------------------------------------- issue 9: NaN bits, bad settings
+
+
+@pytest.mark.parametrize("scale", [1.0, 65536.0])
+def test_bfloat16_nan_bits_match_gradscaler(scale):
+    """GradScaler writes the canonical bfloat16 NaN (0x7fc0) even when 1/S = 1; so must we."""
+    raw = torch.from_numpy(np.array([0xFFFF, 0x7FC1, 0x3F80, 0xFF80], dtype=np.uint16).view(np.int16))
+    raw = raw.view(torch.bfloat16)
+    out = {}
+    for name, scaler in (("ours", DynamicLossScaler(init_scale=scale)),
+                         ("torch", torch.amp.GradScaler("cpu", init_scale=scale))):
+        p = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+        p.grad = raw.clone()
+        scaler.scale(torch.ones(()))  # GradScaler creates its scale tensor lazily
+        scaler.unscale_(torch.optim.SGD([p], lr=0.1))
+        out[name] = p.grad.view(torch.int16).tolist()
+    assert out["ours"] == out["torch"]
+    # float32 gradients: the kernel keeps the NaN's payload; so do we.
+    raw32 = torch.from_numpy(np.array([0xFFFFFFFF, 0x7FC00001, 0x3F800000], dtype=np.uint32)
+                             .view(np.int32)).view(torch.float32)
+    bits = []
+    for scaler in (DynamicLossScaler(init_scale=scale), torch.amp.GradScaler("cpu", init_scale=scale)):
+        p = torch.nn.Parameter(torch.zeros(3))
+        p.grad = raw32.clone()
+        scaler.scale(torch.ones(()))
+        scaler.unscale_(torch.optim.SGD([p], lr=0.1))
+        bits.append(p.grad.view(torch.int32).tolist())
+    assert bits[0] == bits[1]
+    assert out["ours"][0] == 0x7FC0  # the canonical NaN, not the incoming 0xffff
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"growth_factor": math.inf}, "growth_factor"), ({"growth_factor": None}, "growth_factor"),
+    ({"growth_factor": "abc"}, "growth_factor"), ({"growth_factor": math.nan}, "growth_factor"),
+    ({"backoff_factor": None}, "backoff_factor"), ({"backoff_factor": -1.0}, "backoff_factor"),
+    ({"init_scale": None}, "init_scale"), ({"init_scale": "abc"}, "init_scale"),
+    ({"growth_interval": math.nan}, "growth_interval"), ({"growth_interval": math.inf}, "growth_interval"),
+    ({"growth_interval": None}, "growth_interval"), ({"growth_interval": "abc"}, "growth_interval"),
+    ({"growth_interval": 2.5}, "growth_interval"),
+])
+def test_bad_settings_name_parameter_and_value(kwargs, match):
+    ((_, value),) = kwargs.items()
+    with pytest.raises(ValueError, match=rf"{match}.*got {match}={re.escape(repr(value))}"):
+        DynamicLossScaler(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"backoff_factor": -1.0}, "backoff_factor"), ({"growth_factor": math.nan}, "growth_factor"),
+    ({"growth_interval": 0}, "growth_interval"), ({"growth_tracker": -1}, "growth_tracker"),
+    ({"scale": math.nan}, "scale"), ({"scale": "abc"}, "scale"),
+])
+def test_update_scale_validates_its_arguments(kwargs, match):
+    args = {"scale": 65536.0, "growth_tracker": 0, "found_inf": False, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        update_scale(**args)
+
+
+def test_update_scale_defaults_are_gradscalers():
+    """The public rule's defaults, exercised: 2000 good steps then x2.0; an overflow then x0.5."""
+    sig = inspect.signature(update_scale).parameters
+    for name in ("growth_factor", "backoff_factor", "growth_interval"):
+        assert sig[name].default == GRADSCALER_DEFAULTS[name]
+    d = GRADSCALER_DEFAULTS
+    assert update_scale(65536.0, 1999, False) == _kernel_update(
+        65536.0, 1999, False, d["growth_factor"], d["backoff_factor"], d["growth_interval"])
+    assert update_scale(65536.0, 1998, False) == (65536.0, 1999)
+    assert update_scale(65536.0, 5, True) == _kernel_update(
+        65536.0, 5, True, d["growth_factor"], d["backoff_factor"], d["growth_interval"])
+
+
+# --------------------------------------------------------------------------- the emulated training step
+
+
+def _sequential32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b summed over k = 0, 1, ... in float32, each product and sum rounded (NumPy, no FMA)."""
+    acc = np.zeros((a.shape[0], b.shape[1]), dtype=np.float32)
+    for k in range(a.shape[1]):
+        acc = acc + (a[:, k:k + 1] * b[k:k + 1, :]).astype(np.float32)
+    return acc
+
+
+def test_one_emulated_float16_step_against_a_numpy_oracle():
+    """fl16 operands, float32 sums in order k = 0, 1, ..., loss in float32, gradient stored in
+    float16, unscaled by fl32(1/S), SGD in float64 rounded to float32: each step by hand."""
+    factory, x, y = make_regression_task(n=8, d_in=4, d_out=3, target_scale=1e-3, seed=2)
+    model = factory()
+    with torch.no_grad():  # a non-zero start, so that every term matters
+        model.weight.copy_(torch.linspace(-0.3, 0.4, 12).reshape(3, 4))
+        model.bias.copy_(torch.tensor([1e-3, -2e-3, 5e-4]))
+    w0, b0 = model.weight.detach().numpy().copy(), model.bias.detach().numpy().copy()
+    S, lr = 1024.0, 0.5
+    log = train_scaled(model, x, y, 1, "float16", StaticLossScaler(S), lr=lr, keep_grads=True)
+
+    def f16(a):  # float32 -> float16 in NumPy is one rounding
+        return a.astype(np.float16).astype(np.float32)
+
+    xn, yn = x.numpy(), y.numpy()
+    out = f16(_sequential32(f16(xn), f16(w0).T) + f16(b0))
+    diff = out.astype(np.float64) - yn.astype(np.float64)
+    loss = np.float32(np.sum(diff * diff) / diff.size)
+    assert log.loss[0] == loss
+    g_out = f16((2.0 * diff * (S / diff.size)).astype(np.float32))
+    gw = f16(_sequential32(g_out.T, f16(xn)))
+    gb = f16(g_out.astype(np.float64).sum(0).astype(np.float32))
+    inv = np.float32(1.0 / S)
+    gw, gb = gw * inv, gb * inv
+    assert np.array_equal(log.grads[0][0].numpy(), gw)
+    assert np.array_equal(log.grads[0][1].numpy(), gb)
+    assert np.array_equal(model.weight.detach().numpy(), (w0 - lr * gw.astype(np.float64)).astype(np.float32))
+    assert np.array_equal(model.bias.detach().numpy(), (b0 - lr * gb.astype(np.float64)).astype(np.float32))
+
+
+_PORTABLE = """
+import hashlib, numpy as np, torch
+from precisionlab import scaling
+f, x, y = scaling.make_regression_task(seed=0)
+h = hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes())
+for c, s in [("float16", scaling.DynamicLossScaler(growth_interval=5)), ("bfloat16", None)]:
+    m = f()
+    r = scaling.train_scaled(m, x, y, 30, c, s)
+    h.update(r.loss.tobytes() + m.weight.detach().numpy().tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_emulated_training_has_the_same_bits_under_every_kernel_dispatch():
+    import os
+    import subprocess
+    import sys
+
+    digests = set()
+    for env in ({}, {"ATEN_CPU_CAPABILITY": "default"},
+                {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                 "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"}):
+        res = subprocess.run([sys.executable, "-c", _PORTABLE], env={**os.environ, **env},
+                             capture_output=True, text=True, timeout=300, check=True)
+        digests.add(res.stdout.strip())
+    assert len(digests) == 1
+
+
+def test_native_backend_runs_any_model_and_agrees_in_float32():
+    factory, x, y = make_regression_task(seed=3)
+    emu = train_scaled(factory(), x, y, 40, "float32")
+    nat = train_scaled(factory(), x, y, 40, "float32", backend="native")
+    assert np.allclose(emu.loss, nat.loss, rtol=1e-4, atol=0)
+    seq = torch.nn.Sequential(torch.nn.Linear(16, 4), torch.nn.ReLU(), torch.nn.Linear(4, 8))
+    train_scaled(seq, x, y, 2, "bfloat16", backend="native")
+    with pytest.raises(TypeError, match=r"ReLU.*backend='native'"):
+        train_scaled(seq, x, y, 2, "bfloat16")
+    with pytest.raises(ValueError, match="backend"):
+        train_scaled(factory(), x, y, 2, "float16", backend="gpu")
+
+
+def test_make_regression_task_targets_are_the_float64_product():
+    from precisionlab import emulate
+
+    _, x, y = make_regression_task(n=5, d_in=3, d_out=2, seed=7)
+    gen = torch.Generator().manual_seed(7)
+    x_ref = emulate.randn(5, 3, generator=gen).numpy()
+    w = emulate.randn(3, 2, generator=gen, dtype=torch.float64).numpy() / math.sqrt(3)
+    assert np.array_equal(x.numpy(), x_ref)
+    exact = [[math.fsum(float(x_ref[i, k]) * w[k, j] for k in range(3)) for j in range(2)]
+             for i in range(5)]
+    assert np.allclose(y.numpy(), np.float32(np.array(exact) * 1e-4), rtol=1e-6, atol=0)

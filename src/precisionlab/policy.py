@@ -10,16 +10,22 @@ GradScaler on the CPU, and this book does so to teach), so the error says what t
 `compare_weight_policies` runs one small block (Linear -> GroupNorm computed in float32 ->
 SiLU -> Linear) under the ways of mixing precisions that projects try, and reports what
 fails and how far the outputs and Jacobian-vector products drift from a float64 reference.
+Whether a policy fails is torch's dtype rules, so torch decides it; the errors of the
+policies that run are computed with `emulate` (the same bits on every CPU), or with torch's
+own kernels when backend='native'.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
 
+from . import emulate
+from .checks import check_choice
 from .scaling import DynamicLossScaler
 
 __all__ = [
@@ -152,12 +158,25 @@ class GroupNorm32(torch.nn.GroupNorm):
 
 
 def make_block(width: int = 32, hidden: int = 64, groups: int = 8, seed: int = 0) -> torch.nn.Module:
-    """Linear(width, hidden) -> GroupNorm32(groups, hidden) -> SiLU -> Linear(hidden, width), float32."""
-    torch.manual_seed(seed)  # nn.Linear draws from the global generator; fix it for repeatability
-    return torch.nn.Sequential(
+    """Linear(width, hidden) -> GroupNorm32(groups, hidden) -> SiLU -> Linear(hidden, width), float32.
+
+    Weights and biases are drawn like nn.Linear's default, U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+    but from float64 uniforms (torch.rand in float64 is integer bits times 2^-53), scaled with
+    one multiply and one subtraction: nn.Linear's own float32 sampler gives different bits on
+    different CPUs.
+    """
+    gen = torch.Generator().manual_seed(int(seed))
+    block = torch.nn.Sequential(
         torch.nn.Linear(width, hidden), GroupNorm32(groups, hidden), torch.nn.SiLU(),
         torch.nn.Linear(hidden, width),
     )
+    with torch.no_grad():
+        for lin in (block[0], block[3]):
+            bound = 1.0 / math.sqrt(lin.in_features)
+            for p in (lin.weight, lin.bias):
+                u = torch.rand(tuple(p.shape), generator=gen, dtype=torch.float64)
+                p.copy_((2.0 * u - 1.0) * bound)
+    return block
 
 
 def _reference(block: torch.nn.Module) -> torch.nn.Module:
@@ -183,11 +202,38 @@ def _cast_weights(block: torch.nn.Module, dtype: torch.dtype, keep_norms: bool) 
 
 @dataclass(frozen=True)
 class PolicyOutcome:
-    """One weight policy: what the forward pass and the JVP did (error text or relative error)."""
+    """One weight policy: for the forward pass and the JVP, the output dtype and relative error, or the error torch raised."""
 
     policy: str
-    forward: str
-    jvp: str
+    forward_dtype: str | None
+    forward_error: float | None  # |y - y64| / |y64|; None when torch raised
+    forward_raised: str | None  # "RuntimeError: <first line>" when torch raised
+    jvp_dtype: str | None
+    jvp_error: float | None
+    jvp_raised: str | None
+
+    @staticmethod
+    def _text(dtype, error, raised, short):
+        if raised is not None:
+            return f"fails: {raised.split(':', 1)[0]}" if short else raised
+        return f"ok ({dtype}), rel. error {error:.1e}"
+
+    @property
+    def forward(self) -> str:
+        """'ok (dtype), rel. error e' or torch's error, 'Type: first line of the message'."""
+        return self._text(self.forward_dtype, self.forward_error, self.forward_raised, False)
+
+    @property
+    def jvp(self) -> str:
+        """As `forward`, for the Jacobian-vector product."""
+        return self._text(self.jvp_dtype, self.jvp_error, self.jvp_raised, False)
+
+    def summary(self, which: str = "forward") -> str:
+        """`forward` or `jvp` with a raised error shortened to 'fails: <type>' (its wording varies by torch version)."""
+        check_choice(which, "which", ("forward", "jvp"))
+        if which == "forward":
+            return self._text(self.forward_dtype, self.forward_error, self.forward_raised, True)
+        return self._text(self.jvp_dtype, self.jvp_error, self.jvp_raised, True)
 
 
 WEIGHT_POLICIES: tuple[str, ...] = (
@@ -199,26 +245,71 @@ WEIGHT_POLICIES: tuple[str, ...] = (
 )
 
 
+def _gn_tangent64(z: torch.Tensor, dz: torch.Tensor, groups: int, weight, eps: float) -> torch.Tensor:
+    """d/dt group_norm(z + t dz) at t = 0, in float64: gamma r (dz - mean(dz) - x_hat mean(x_hat (dz - mean(dz))))."""
+    n = z.shape[0]
+    zg, dg = z.double().reshape(n, groups, -1), dz.double().reshape(n, groups, -1)
+    m = zg.shape[-1]
+    d = zg - emulate.fixed_sum(zg, -1, keepdim=True) / m
+    r = 1.0 / torch.sqrt(emulate.fixed_sum(d * d, -1, keepdim=True) / m + eps)
+    xhat = d * r
+    dd = dg - emulate.fixed_sum(dg, -1, keepdim=True) / m
+    t = (r * (dd - xhat * (emulate.fixed_sum(xhat * dd, -1, keepdim=True) / m))).reshape(z.shape)
+    return t if weight is None else t * weight.double()
+
+
+def _emulated_block(block: torch.nn.Module, x: torch.Tensor, v: torch.Tensor, lin: emulate.Precision,
+                    norm: emulate.Precision):
+    """(y, J v) of make_block's block, every op through emulate: the Linears and SiLU in lin's format
+    (float32 accumulation), the group norm computed in norm's format and its output rounded to lin's."""
+    l1, gn, l2 = block[0], block[1], block[3]
+    f64 = emulate.Precision("float64", "float64")
+    z = emulate.linear(x, l1.weight, l1.bias, lin)
+    dz = emulate.linear(v, l1.weight, None, lin)
+    h = lin.round(emulate.group_norm(z, gn.num_groups, gn.weight, gn.bias, norm, gn.eps))
+    dh = lin.round(norm.round(_gn_tangent64(z, dz, gn.num_groups, norm.round(gn.weight), gn.eps)))
+    a = emulate.silu(h, lin)
+    s = emulate.sigmoid(h, f64).double()
+    hd = h.double()
+    da = lin.round(dh.double() * (s * (1.0 + hd * (1.0 - s))))  # silu'(h) = s (1 + h (1 - s))
+    y = emulate.linear(a, l2.weight, l2.bias, lin)
+    dy = emulate.linear(da, l2.weight, None, lin)
+    return y.detach(), dy.detach()
+
+
+def _rel(out: torch.Tensor, exact: torch.Tensor) -> float:
+    """|out - exact| / |exact| (Frobenius norms), with float64 sums in a fixed order."""
+    d = (out.detach().double() - exact.double()).reshape(-1)
+    e = exact.double().reshape(-1)
+    return float(torch.sqrt(emulate.fixed_sum(d * d, 0)) / torch.sqrt(emulate.fixed_sum(e * e, 0)))
+
+
 def compare_weight_policies(dtype: torch.dtype = torch.bfloat16, batch: int = 16,
-                            seed: int = 0) -> list[PolicyOutcome]:
-    """Run make_block under each of WEIGHT_POLICIES: relative error |y - y64|/|y64| of output and JVP, or the error raised."""
+                            seed: int = 0, backend: str = "emulated") -> list[PolicyOutcome]:
+    """Run make_block under each of WEIGHT_POLICIES: relative error |y - y64|/|y64| of output and JVP, or the error raised.
+
+    torch's dtype rules decide which policies raise (torch runs each policy natively and the
+    error it raises is reported). backend='emulated' computes the errors of the policies that
+    run with `emulate` (autocast's plan: Linear and SiLU in `dtype` with float32 accumulation,
+    GroupNorm32 in float32 then rounded to `dtype`; or everything in float32), against a
+    float64 evaluation of the same block; backend='native' reports torch's own numbers.
+    """
+    check_choice(backend, "backend", emulate.BACKENDS)
+    dtype_name = str(dtype).removeprefix("torch.")
     block = make_block(seed=seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(batch, 32, generator=gen)
-    v = torch.randn(batch, 32, generator=gen)
-    ref = _reference(block)
-    y64 = ref(x.double()).detach()
-    j64 = torch.func.jvp(ref, (x.double(),), (v.double(),))[1].detach()
+    gen = torch.Generator().manual_seed(int(seed) + 1)
+    x = emulate.randn(int(batch), 32, generator=gen)
+    v = emulate.randn(int(batch), 32, generator=gen)
+    f64 = emulate.Precision("float64", "float64")
+    y64, j64 = _emulated_block(block, x, v, f64, f64)
 
-    def rel(out: torch.Tensor, exact: torch.Tensor) -> str:
-        err = float((out.detach().double() - exact).norm() / exact.norm())
-        return f"ok ({str(out.dtype).removeprefix('torch.')}), rel. error {err:.1e}"
-
-    def attempt(fn, exact) -> str:
+    def attempt(fn):
+        """(dtype, None, error) if fn raises torch's dtype RuntimeError, else (dtype, value, None)."""
         try:
-            return rel(fn(), exact)
+            out = fn()
         except RuntimeError as err:  # the dtype errors are what this comparison is about
-            return f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            return None, None, f"{type(err).__name__}: {str(err).splitlines()[0]}"
+        return str(out.dtype).removeprefix("torch."), out.detach(), None
 
     def autocast():
         return torch.autocast("cpu", dtype=dtype)
@@ -229,7 +320,7 @@ def compare_weight_policies(dtype: torch.dtype = torch.bfloat16, batch: int = 16
     low = _cast_weights(block, dtype, keep_norms=False)
     mixed = _cast_weights(block, dtype, keep_norms=True)
 
-    def run(model, inputs, ctx, jvp_ctx):
+    def run_native(model, inputs, ctx, jvp_ctx):
         def fwd():
             with ctx():
                 return model(inputs[0])
@@ -238,7 +329,7 @@ def compare_weight_policies(dtype: torch.dtype = torch.bfloat16, batch: int = 16
             with ctx(), jvp_ctx():
                 return torch.func.jvp(model, (inputs[0],), (inputs[1],))[1]
 
-        return attempt(fwd, y64), attempt(jvp, j64)
+        return attempt(fwd), attempt(jvp)
 
     xl, vl = x.to(dtype), v.to(dtype)
     cases = [
@@ -248,4 +339,22 @@ def compare_weight_policies(dtype: torch.dtype = torch.bfloat16, batch: int = 16
         (low, (xl, vl), contextlib.nullcontext, contextlib.nullcontext),
         (mixed, (x, v), autocast, contextlib.nullcontext),
     ]
-    return [PolicyOutcome(name, *run(*case)) for name, case in zip(WEIGHT_POLICIES, cases, strict=True)]
+    # The emulated plan of each policy for (forward, JVP): the block whose weights it uses, and
+    # whether the op runs under autocast (low precision) or in float32.
+    low_p, f32 = emulate.Precision(dtype_name), emulate.Precision("float32")
+    plans = [(block, (low_p, low_p), (f32, f32)), (block, (low_p, low_p), (low_p, low_p)),
+             None, None, (mixed, (low_p, low_p), (low_p, low_p))]
+    out = []
+    for name, case, plan in zip(WEIGHT_POLICIES, cases, plans, strict=True):
+        (fd, fy, fr), (jd, jy, jr) = run_native(*case)
+        if backend == "emulated" and plan is not None:
+            model, fwd_plan, jvp_plan = plan
+            ye, _ = _emulated_block(model, x, v, fwd_plan[0], f32)
+            _, je = _emulated_block(model, x, v, jvp_plan[0], f32)
+            fy = ye if fr is None else None
+            jy = je if jr is None else None
+            fd = fwd_plan[0].fmt if fr is None else None
+            jd = jvp_plan[0].fmt if jr is None else None
+        out.append(PolicyOutcome(name, fd, None if fy is None else _rel(fy, y64), fr,
+                                 jd, None if jy is None else _rel(jy, j64), jr))
+    return out

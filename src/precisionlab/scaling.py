@@ -12,6 +12,11 @@ float32. S lives in float32, and unscaling multiplies by fl32(1/S) computed in f
 Both scalers have GradScaler's interface (``scale``, ``unscale_``, ``step``, ``update``,
 ``get_scale``, ``state_dict``), so a training loop takes either, and both keep a record of
 the scale used at every step and of the skipped steps (`ScaleHistory`).
+
+`train_scaled` computes with `emulate` by default (float16/bfloat16 rounding, float32
+accumulation in a fixed order, float64 optimizer arithmetic), so its numbers are the same on
+every machine; backend='native' runs torch's CPU autocast kernels instead. The scalers'
+own arithmetic (multiplying by a power of two, inf/NaN checks) is exact IEEE arithmetic.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import emulate
+from .checks import check_choice, check_positive
 from .formats import get_format
 from .rounding import round_to
 
@@ -35,6 +42,7 @@ __all__ = [
     "StaticLossScaler",
     "TrainLog",
     "compare_with_gradscaler",
+    "forward_loss",
     "gradient_stream",
     "largest_safe_gradient",
     "make_regression_task",
@@ -61,6 +69,11 @@ SURVIVAL_FLOORS: tuple[str, ...] = ("zero", "subnormal", "normal")
 def update_scale(scale: float, growth_tracker: int, found_inf: bool, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000) -> tuple[float, int]:
     """One update: inf/NaN -> (fl32(S·backoff), 0); else t+1 good steps, and at t+1 = interval (fl32(S·growth) if finite, 0)."""
+    _check_factors(1.0, growth_factor, backoff_factor, growth_interval)
+    if isinstance(scale, (bool, str)) or not _is_real(scale) or math.isnan(float(scale)) or scale < 0:
+        raise ValueError(f"scale must be a number >= 0 (a float32 value); got scale={scale!r}")
+    if isinstance(growth_tracker, bool) or not _is_int(growth_tracker) or growth_tracker < 0:
+        raise ValueError(f"growth_tracker must be an integer >= 0; got growth_tracker={growth_tracker!r}")
     # The kernel multiplies the float32 scale by a double factor and stores the product as
     # float32; float64 arithmetic followed by one rounding to float32 reproduces that exactly.
     s32 = float(np.float32(scale))
@@ -85,15 +98,28 @@ def _reciprocal32(scale: float) -> float:
         return float(np.float32(np.float64(1.0) / np.float64(scale)))
 
 
+def _is_real(x) -> bool:
+    try:
+        float(x)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(x, (bool, str))
+
+
+def _is_int(x) -> bool:
+    return _is_real(x) and math.isfinite(float(x)) and int(x) == x
+
+
 def _check_factors(init_scale, growth_factor, backoff_factor, growth_interval):
-    s = float(init_scale)
-    if not (math.isfinite(s) and s > 0):
-        raise ValueError(f"init_scale must be finite and > 0; got init_scale={init_scale!r}")
-    if not growth_factor > 1.0:
-        raise ValueError(f"growth_factor must be > 1.0; got growth_factor={growth_factor!r}")
-    if not 0.0 < backoff_factor < 1.0:
-        raise ValueError(f"backoff_factor must be in (0, 1); got backoff_factor={backoff_factor!r}")
-    if int(growth_interval) != growth_interval or growth_interval < 1:
+    """Each setting must be a number in its range (a finite float > 0, > 1, in (0, 1), an integer >= 1)."""
+    check_positive(init_scale, "init_scale")
+    g = float(growth_factor) if _is_real(growth_factor) else math.nan
+    if not (math.isfinite(g) and g > 1.0):
+        raise ValueError(f"growth_factor must be a finite number > 1.0; got growth_factor={growth_factor!r}")
+    b = float(backoff_factor) if _is_real(backoff_factor) else math.nan
+    if not 0.0 < b < 1.0:
+        raise ValueError(f"backoff_factor must be a number in (0, 1); got backoff_factor={backoff_factor!r}")
+    if isinstance(growth_interval, bool) or not _is_int(growth_interval) or growth_interval < 1:
         raise ValueError(
             f"growth_interval must be a positive integer; got growth_interval={growth_interval!r}"
         )
@@ -194,11 +220,13 @@ class _ScalerBase:
                     if g.is_sparse:
                         raise ValueError("sparse gradients are not supported; use dense ones")
                     found |= not bool(torch.isfinite(g).all())
-                    if inv != 1.0:
-                        if g.dtype == torch.bfloat16:
-                            g.copy_(g.float() * inv)  # the kernel's opmath is float32
-                        else:
-                            g.mul_(torch.tensor(inv, dtype=torch.float32))
+                    if g.dtype == torch.bfloat16:
+                        g.copy_(g.float() * inv)  # the kernel's opmath is float32
+                        # The kernel stores every bfloat16 NaN as the canonical 0x7fc0 (even
+                        # when 1/S = 1); a plain float32 -> bfloat16 copy would keep the payload.
+                        g.masked_fill_(g.isnan(), math.nan)
+                    else:
+                        g.mul_(torch.tensor(inv, dtype=torch.float32))
         state["found_inf"] = found
         state["stage"] = self._UNSCALED
 
@@ -377,17 +405,23 @@ def largest_safe_gradient(scale: float, fmt="float16") -> float:
 
 @dataclass(frozen=True)
 class SideBySide:
-    """Two scalers fed the same gradients: their histories, growth trackers and final parameters."""
+    """Two scalers fed the same gradients: histories, growth trackers and parameters after every step."""
 
     ours: ScaleHistory
     reference: ScaleHistory
     trackers: tuple[np.ndarray, np.ndarray]
-    params_equal: bool
+    params: tuple[np.ndarray, np.ndarray]  # (steps, width) each: the parameters after each step
     injected: np.ndarray  # steps whose raw gradient had an inf/NaN planted in it
 
     @property
+    def params_equal(self) -> bool:
+        """Bitwise-equal parameters after every step (NaNs compared by position)."""
+        a, b = self.params
+        return bool(np.array_equal(a, b, equal_nan=True))
+
+    @property
     def identical(self) -> bool:
-        """Same scale, same skipped steps, same growth tracker at every step, same parameters."""
+        """Same scale, same skipped steps, same growth tracker and same parameters at every step."""
         return (np.array_equal(self.ours.scale, self.reference.scale)
                 and np.array_equal(self.ours.skipped, self.reference.skipped)
                 and np.array_equal(*self.trackers) and self.params_equal)
@@ -395,7 +429,11 @@ class SideBySide:
 
 def compare_with_gradscaler(steps: int = 2000, growth_interval: int = 7, p_bad: float = 0.02,
                             seed: int = 0, width: int = 8, **factors) -> SideBySide:
-    """DynamicLossScaler and torch.amp.GradScaler("cpu") on identical raw gradients, inf/NaN planted with probability p_bad."""
+    """DynamicLossScaler and torch.amp.GradScaler("cpu") on identical raw gradients, inf/NaN planted with probability p_bad.
+
+    Both drive the same optimizer, `emulate.SGD` (float64 inside, float32 weights), so the
+    parameters depend only on the scalers' decisions and on IEEE arithmetic, on any CPU.
+    """
     rng = np.random.default_rng(seed)
     raw = rng.standard_normal((int(steps), int(width))).astype(np.float32)
     bad = np.flatnonzero(rng.random(int(steps)) < p_bad)
@@ -405,10 +443,11 @@ def compare_with_gradscaler(steps: int = 2000, growth_interval: int = 7, p_bad: 
     results = []
     for scaler in (DynamicLossScaler(**kw), torch.amp.GradScaler("cpu", **kw)):
         p = torch.nn.Parameter(torch.ones(int(width)))
-        opt = torch.optim.SGD([p], lr=1e-3)
+        opt = emulate.SGD([p], lr=1e-3)
         scale = np.empty(int(steps))
         skipped = np.empty(int(steps), dtype=bool)
         tracker = np.empty(int(steps), dtype=np.int64)
+        params = np.empty((int(steps), int(width)), dtype=np.float32)
         for i in range(int(steps)):
             scale[i] = scaler.get_scale()
             p.grad = scaler.scale(raw_t[i])  # what backward of scaler.scale(loss) would give
@@ -416,11 +455,10 @@ def compare_with_gradscaler(steps: int = 2000, growth_interval: int = 7, p_bad: 
             scaler.step(opt)
             scaler.update()
             tracker[i] = scaler.state_dict()["_growth_tracker"]
-        results.append((ScaleHistory(scale, skipped), tracker, p.detach().clone()))
+            params[i] = p.detach().numpy()
+        results.append((ScaleHistory(scale, skipped), tracker, params))
     (h1, t1, p1), (h2, t2, p2) = results
-    same = bool(torch.equal(p1.nan_to_num(nan=0.5), p2.nan_to_num(nan=0.5))
-                and torch.equal(p1.isnan(), p2.isnan()))
-    return SideBySide(h1, h2, (t1, t2), same, bad)
+    return SideBySide(h1, h2, (t1, t2), (p1, p2), bad)
 
 
 # --------------------------------------------------------------------------- training
@@ -439,11 +477,17 @@ class TrainLog:
 
 def make_regression_task(n: int = 64, d_in: int = 16, d_out: int = 8, target_scale: float = 1e-4,
                          seed: int = 0):
-    """(model_factory, x, y): a linear least-squares problem y = x·W*·target_scale, model output zero at start."""
+    """(model_factory, x, y): a linear least-squares problem y = fl32(x·W*·target_scale), model output zero at start.
+
+    The data come from `emulate.randn` and y from a float64 product in a fixed order, so x
+    and y have the same bits on every machine (torch.randn does not: its vectorised sampler
+    depends on the CPU's instruction set).
+    """
     gen = torch.Generator().manual_seed(int(seed))
-    x = torch.randn(int(n), int(d_in), generator=gen)
-    w_star = torch.randn(int(d_in), int(d_out), generator=gen) / math.sqrt(d_in)
-    y = (x @ w_star) * float(target_scale)
+    x = emulate.randn(int(n), int(d_in), generator=gen)
+    w_star = emulate.randn(int(d_in), int(d_out), generator=gen, dtype=torch.float64) / math.sqrt(d_in)
+    exact = emulate.Precision("float64", "float64")
+    y = (emulate.matmul(x.double(), w_star, exact) * float(target_scale)).float()
 
     def factory() -> torch.nn.Module:
         model = torch.nn.Linear(int(d_in), int(d_out))
@@ -458,23 +502,84 @@ def make_regression_task(n: int = 64, d_in: int = 16, d_out: int = 8, target_sca
 _AUTOCAST = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+_EMULATED_ACTIVATIONS = {torch.nn.Tanh: emulate.tanh, torch.nn.SiLU: emulate.silu,
+                         torch.nn.Sigmoid: emulate.sigmoid}
+
+
+def _emulated_forward(model: torch.nn.Module, compute: str) -> Callable:
+    """x -> what CPU autocast computes for a Linear layer (fl_F(x W^T + b), float32 accumulation), or a
+    Sequential of Linear layers and Tanh/SiLU/Sigmoid (evaluated in F, as autocast leaves them in their input's dtype)."""
+    prec = emulate.Precision(compute)
+    layers = list(model) if isinstance(model, torch.nn.Sequential) else [model]
+    ops = []
+    for m in layers:
+        if isinstance(m, (torch.nn.Linear, emulate.Linear)):
+            ops.append(lambda h, m=m: emulate.linear(h, m.weight, m.bias, prec))
+        elif type(m) in _EMULATED_ACTIVATIONS:
+            act = _EMULATED_ACTIVATIONS[type(m)]
+            ops.append(lambda h, f=act: f(h, prec))
+        else:
+            raise TypeError(
+                f"backend='emulated' trains a Linear layer or a Sequential of Linear, Tanh, SiLU and "
+                f"Sigmoid; got {type(m).__name__}. Use backend='native' for other models"
+            )
+
+    def forward(x):
+        for op in ops:
+            x = op(x)
+        return x
+
+    return forward
+
+
+def forward_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 compute: str = "float16") -> float:
+    """The loss of one emulated forward pass in `compute` (as train_scaled computes it), with the model's weights as they are."""
+    check_choice(compute, "compute format", _AUTOCAST)
+    with torch.no_grad():
+        return float(emulate.mse_loss(_emulated_forward(model, compute)(x), y, "float32"))
+
+
 def train_scaled(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int = 200,
                  compute: str = "float16", scaler=None, lr: float = 0.5, momentum: float = 0.9,
-                 name: str = "", keep_grads: bool = False,
-                 loss_fn: Callable = torch.nn.functional.mse_loss) -> TrainLog:
-    """SGD on float32 master weights; forward/backward under CPU autocast in `compute`; scaler: ours, GradScaler or None."""
-    if compute not in _AUTOCAST:
-        raise ValueError(f"unknown compute format {compute!r}; valid choices: {', '.join(_AUTOCAST)}")
-    if int(steps) != steps or steps < 1:
+                 name: str = "", keep_grads: bool = False, loss_fn: Callable | None = None,
+                 backend: str = "emulated") -> TrainLog:
+    """SGD with momentum on float32 master weights, forward/backward in `compute`; scaler: ours, GradScaler or None.
+
+    backend='emulated' (a Linear model): the layer through `emulate.linear` in `compute`
+    (operands rounded to it, float32 accumulation, output rounded to it, its gradients
+    rounded to it in the backward pass, as autocast does), the loss through
+    `emulate.mse_loss` in float32 (autocast runs mse_loss in float32), and `emulate.SGD`:
+    the same bits on every machine. backend='native': any model under torch's CPU autocast
+    with torch.optim.SGD and the loss_fn given (default mse_loss): what this machine's
+    kernels give.
+    """
+    check_choice(compute, "compute format", _AUTOCAST)
+    check_choice(backend, "backend", emulate.BACKENDS)
+    if isinstance(steps, bool) or not _is_int(steps) or steps < 1:
         raise ValueError(f"steps must be a positive integer; got steps={steps!r}")
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     dtype = _AUTOCAST[compute]
+    if backend == "native":
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        loss_fn = loss_fn or torch.nn.functional.mse_loss
+
+        def compute_loss():
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                return loss_fn(model(x), y)
+    else:
+        opt = emulate.SGD(model.parameters(), lr=lr, momentum=momentum, prec="float32")
+        forward = _emulated_forward(model, compute)
+        loss_fn = loss_fn or (lambda out, t: emulate.mse_loss(out, t, "float32"))
+
+        def compute_loss():
+            return loss_fn(forward(x), y)
+
     losses, scales, skipped, grads, zeros = [], [], [], [], []
     params = list(model.parameters())
+    n_entries = sum(p.numel() for p in params)
     for _ in range(int(steps)):
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-            loss = loss_fn(model(x), y)
+        loss = compute_loss()
         losses.append(float(loss.detach()))
         if scaler is None:
             scales.append(1.0)
@@ -486,7 +591,7 @@ def train_scaled(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps
         # Without a scaler nothing checks, and a step with inf/NaN gradients is taken anyway.
         bad = not all(bool(torch.isfinite(p.grad).all()) for p in params)
         skipped.append(bad and scaler is not None)
-        zeros.append(float(torch.cat([(p.grad == 0).flatten() for p in params]).float().mean()))
+        zeros.append(sum(int((p.grad == 0).sum()) for p in params) / n_entries)
         if keep_grads:
             grads.append([p.grad.detach().clone() for p in params])
         if scaler is None:

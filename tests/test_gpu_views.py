@@ -17,7 +17,7 @@ def test_sum_outcomes_bars_add_up_and_split_at_tol():
     heights = [p.get_height() for p in ax.patches]
     assert np.isclose(sum(heights), 1.0) and len(heights) == 3
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "S < tol: stop (60.0%)" in labels and "S < tol: continue (40.0%)" in labels
+    assert "S < tol: stop (60.0%)" in labels and "S ≥ tol: continue (40.0%)" in labels
 
 
 def test_flip_probability_plot_draws_both_sides():

@@ -3,13 +3,21 @@
 Two back ends give bit-identical answers:
 
 * **native** — where a library already casts exactly (round-to-nearest-even from float32
-  into float16, bfloat16, float8_e5m2 and saturating float8_e4m3fn with torch; float64 into
+  into float16, bfloat16 and float8_e5m2 with torch, and into float8_e4m3fn with the
+  overflow rule this torch has: saturating from torch 2.12, NaN before; float64 into
   float32 with NumPy), casting there and back.
-* **emulated** — one fused, parallel integer kernel over the bit patterns (numba): add a
-  mode-dependent increment below the kept bits, then clear them. Carries ripple into the
-  exponent on their own, which is why this recipe is exact. It covers everything the
-  libraries lack (tf32, nearest-away, directed and stochastic modes, float64 inputs without
-  double rounding, non-saturating e4m3fn, saturating IEEE formats).
+* **emulated** — integer arithmetic on the bit patterns: add a mode-dependent increment
+  below the kept bits, then clear them. Carries ripple into the exponent on their own, which
+  is why this recipe is exact. It covers everything the libraries lack (tf32, nearest-away,
+  directed and stochastic modes, float64 inputs without double rounding, non-saturating
+  e4m3fn, saturating IEEE formats). The recipe runs in three tiers that differ only in
+  speed: Python ints for a handful of values, whole-array NumPy operations, and a fused
+  numba loop (parallel on long arrays when torch may use several threads). A numba variant
+  is compiled only after NumPy has done enough work for it to repay the compile (0.3-1 s
+  cold, less from numba's on-disk cache), so importing this module and rounding small
+  arrays never waits for a compiler. Every element is rounded on its own and stochastic
+  mode draws element i from SplitMix64(seed + i), so results do not depend on the tier,
+  the thread count or the CPU.
 
 `backend="auto"` uses the native cast for float16/float32 targets and the kernel elsewhere,
 because a round trip through torch's bfloat16/fp8 dtypes measured slower than the kernel's
@@ -22,11 +30,11 @@ first (exactly), since the rounded values need not fit the input's own format.
 
 from __future__ import annotations
 
+import functools
 import types
 from dataclasses import dataclass
 from typing import Any
 
-import numba
 import numpy as np
 import torch
 
@@ -75,7 +83,6 @@ def _bits(value: float, c: _Container) -> int:
 # --------------------------------------------------------------------------- the kernel
 
 
-@numba.njit(inline="always")
 def _splitmix64(z):
     """One SplitMix64 output for state z (uint64): a well-mixed 64-bit hash of a counter."""
     z = z + np.uint64(0x9E3779B97F4A7C15)
@@ -84,30 +91,27 @@ def _splitmix64(z):
     return z ^ (z >> np.uint64(31))
 
 
-@numba.njit(inline="always")
 def _increment(mag, rnd, mask, lsb, neg, mode):
     """What to add below the kept bits before clearing them (mask = the dropped bits)."""
     half_m1 = mask >> 1
     # "away" = a directed mode that moves this sign's magnitude away from zero.
-    away = ((mode == 3) & ~neg) | ((mode == 4) & neg)
-    inc = np.int64(0)
+    away = ((mode == 3) & (not neg)) | ((mode == 4) & neg)
+    inc = 0
     inc = half_m1 + lsb if mode == 0 else inc  # ties to even: half - 1, + 1 if the lsb is odd
     inc = half_m1 + 1 if mode == 1 else inc  # ties away: exactly half
-    inc = (mask if away else np.int64(0)) if (mode == 3) | (mode == 4) else inc
+    inc = (mask if away else 0) if (mode == 3) | (mode == 4) else inc
     return (rnd & mask) if mode == 5 else inc  # uniform in [0, 2^sh): P(up) = dropped / 2^sh
 
 
-@numba.njit(inline="always")
 def _finish(r, mag, neg, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
     """Apply overflow and special-value rules to the rounded magnitude r, then the sign."""
     # Overflow: directed modes toward zero stop at the largest finite value.
-    toward = (mode == 2) | ((mode == 3) & neg) | ((mode == 4) & ~neg)
+    toward = (mode == 2) | ((mode == 3) & neg) | ((mode == 4) & (not neg))
     r = (max_bits if toward else overflow_bits) if r > max_bits else r
     r = (inf_bits if mag == exp_mask else nan_bits) if mag >= exp_mask else r
     return (r + sign_value) if neg else r
 
 
-@numba.njit(inline="always")
 def _round_word(v, rnd, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
                 overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
     """Bits of fl(x) for one word v: |x| rounded to a multiple of 2^sh container ulps.
@@ -123,26 +127,25 @@ def _round_word(v, rnd, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits
     sh = shift_base + max(emin_b - e_eff, 0)
     tiny = sh > mant_bits  # |x| below the smallest subnormal q: the answer is 0 or q
     shc = min(sh, mant_bits)
-    mask = (np.int64(1) << shc) - 1
-    implicit = np.int64(1) << mant_bits
+    mask = (1 << shc) - 1
+    implicit = 1 << mant_bits
     # The kept part's last bit; or-ing in the implicit bit matters when sh == P.
     lsb = ((mag | implicit) >> shc) & 1
     r = (mag + _increment(mag, rnd, mask, lsb, neg, mode)) & ~mask
     # Tiny inputs: compare with q/2, or for stochastic draw up with P = |x|/q = sig / 2^sh.
-    away = ((mode == 3) & ~neg) | ((mode == 4) & neg)
-    sig = (mag & (implicit - 1)) | (implicit if big_e > 0 else np.int64(0))
+    away = ((mode == 3) & (not neg)) | ((mode == 4) & neg)
+    sig = (mag & (implicit - 1)) | (implicit if big_e > 0 else 0)
     thr = (sig << max(63 - sh, 0)) >> min(max(sh - 63, 0), 63)
     up = mag > half_qmin
     up = (mag >= half_qmin) if mode == 1 else up
     up = False if mode == 2 else up
     up = (away & (mag != 0)) if (mode == 3) | (mode == 4) else up
     up = (rnd < thr) if mode == 5 else up
-    r = (qmin if up else np.int64(0)) if tiny else r
+    r = (qmin if up else 0) if tiny else r
     return _finish(r, mag, neg, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
                    sign_value, mode)
 
 
-@numba.njit(inline="always")
 def _round_word_uniform(v, rnd, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
                         overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
     """_round_word when fmt's emin is the container's own (bf16, tf32 from float32).
@@ -152,7 +155,7 @@ def _round_word_uniform(v, rnd, mant_bits, shift_base, emin_b, qmin, half_qmin, 
     """
     neg = v < 0
     mag = v & ~sign_value
-    mask = (np.int64(1) << shift_base) - 1
+    mask = (1 << shift_base) - 1
     lsb = (mag >> shift_base) & 1
     r = (mag + _increment(mag, rnd, mask, lsb, neg, mode)) & ~mask
     return _finish(r, mag, neg, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
@@ -182,7 +185,7 @@ def _twin(fn, name: str, **replace_globals):
     """fn under another name, optionally calling other helpers: one source, several builds.
 
     The new name keeps numba's on-disk cache entries apart; replaced globals let the same
-    loop call _round_word_uniform instead of _round_word.
+    source call jitted helpers, or _round_word_uniform instead of _round_word.
     """
     code = fn.__code__.replace(co_name=name)
     if hasattr(code, "co_qualname"):  # Python >= 3.11
@@ -193,18 +196,117 @@ def _twin(fn, name: str, **replace_globals):
     return twin
 
 
+# numba is a second tier. A cold compile costs about 0.3-1 s per kernel variant (loading one
+# from numba's on-disk cache about 0.1-0.3 s), more than NumPy spends on the rounding most
+# chapters do, so each variant starts on the NumPy path and is compiled only once NumPy's
+# estimated cost for it (per call plus per element, a deterministic count, not a clock)
+# passes what a compile would cost. Both tiers give the same bits; only speed differs.
+_COMPILE_AFTER_S = 0.25
+_PYTHON_MAX_SIZE = 4  # up to this many values, plain Python ints beat both array tiers
+_NUMPY_COST_PER_CALL_S = 20e-6
+_NUMPY_COST_PER_ELEMENT_S = 20e-9
+_numpy_cost_s: dict[tuple[bool, bool, bool, int], float] = {}  # spent so far, per variant
 # Threads pay off only on long arrays: waking them costs milliseconds on a busy machine,
-# far more than rounding a few thousand values, so short inputs take the serial build.
+# far more than rounding a few thousand values, so shorter inputs take the serial build.
 _PARALLEL_MIN_SIZE = 1 << 16
-_KERNELS = {
-    (stochastic, uniform, parallel): numba.njit(parallel=parallel, cache=True)(
-        _twin(loop, f"{loop.__name__}{'_uniform' if uniform else ''}"
-                    f"{'_parallel' if parallel else '_serial'}",
-              **({"_round_word": _round_word_uniform} if uniform else {})))
-    for stochastic, loop in ((False, _deterministic_loop), (True, _stochastic_loop))
-    for uniform in (False, True)
-    for parallel in (False, True)
-}
+_KERNELS: dict[tuple[bool, bool, bool], Any] = {}  # compiled on first use
+
+
+def _numba_kernel(stochastic: bool, uniform: bool, parallel: bool):
+    """The numba build of one loop variant, compiled or loaded from numba's cache on first use."""
+    key = (stochastic, uniform, parallel)
+    if key not in _KERNELS:
+        import numba  # imported here so that small inputs never pay for numba
+
+        inline = numba.njit(inline="always")
+        jitted: dict[str, Any] = {}
+        for fn in (_splitmix64, _increment, _finish, _round_word, _round_word_uniform):
+            jitted[fn.__name__] = inline(_twin(fn, fn.__name__, **jitted))
+        word = jitted["_round_word_uniform" if uniform else "_round_word"]
+        loop = _stochastic_loop if stochastic else _deterministic_loop
+        name = (f"{loop.__name__}{'_uniform' if uniform else ''}"
+                f"{'_parallel' if parallel else '_serial'}")
+        _KERNELS[key] = numba.njit(parallel=parallel, cache=True)(
+            _twin(loop, name, numba=numba, _splitmix64=jitted["_splitmix64"], _round_word=word))
+    return _KERNELS[key]
+
+
+def _python_words(src, dst, params, mode, seed, uniform):
+    """dst = bits of fl(src), running _round_word on Python ints: quickest for a few values."""
+    word = _round_word_uniform if uniform else _round_word
+    if mode == _STOCHASTIC:  # element i draws SplitMix64(seed + i), as in _stochastic_loop
+        counter = np.arange(src.size, dtype=np.uint64)
+        counter += np.uint64(seed)
+        rnds = (_splitmix64(counter) >> np.uint64(1)).astype(np.int64).tolist()
+    else:
+        rnds = [0] * src.size
+    dst[:] = [word(v, rnd, *params, mode) for v, rnd in zip(src.tolist(), rnds)]
+
+
+def _numpy_words(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
+                 overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode, seed, uniform):
+    """dst = bits of fl(src): _round_word's recipe as whole-array NumPy operations."""
+    it = src.dtype.type  # int32 words for float32 (finite sums stay below 2^31), int64 else
+    neg = src < 0
+    mag = src & it(~sign_value)
+    rnd = None
+    if mode == _STOCHASTIC:  # element i draws SplitMix64(seed + i), as in _stochastic_loop
+        counter = np.arange(src.size, dtype=np.uint64)
+        counter += np.uint64(seed)
+        rnd = (_splitmix64(counter) >> np.uint64(1)).astype(np.int64)
+    implicit = 1 << mant_bits
+    if uniform:
+        sh = shc = it(shift_base)
+        tiny = None
+    else:
+        sh = np.maximum(emin_b - np.maximum(mag >> mant_bits, it(1)), it(0))
+        sh += it(shift_base)
+        tiny = sh > mant_bits
+        shc = np.minimum(sh, it(mant_bits))
+    mask = (it(1) << shc) - it(1)
+    away = (~neg if mode == _UP else neg) if mode in (_UP, _DOWN) else None
+    if mode == _NEAREST_EVEN:
+        inc = (mask >> it(1)) + (((mag | implicit) >> shc) & it(1))
+    elif mode == _NEAREST_AWAY:
+        inc = (mask >> it(1)) + it(1)
+    elif mode == _TOWARD_ZERO:
+        inc = it(0)
+    elif away is not None:
+        inc = mask * away.astype(it)
+    else:
+        inc = (rnd & mask).astype(it)
+    r = mag + inc  # NaN and inf patterns may wrap around here; they are replaced below
+    r &= ~mask
+    if tiny is not None and tiny.any():
+        # |x| below fmt's smallest subnormal q: 0 or q, as in _round_word.
+        t = np.flatnonzero(tiny)
+        m = mag[t].astype(np.int64)
+        if mode == _NEAREST_EVEN:
+            up = m > half_qmin
+        elif mode == _NEAREST_AWAY:
+            up = m >= half_qmin
+        elif mode == _TOWARD_ZERO:
+            up = np.zeros(t.size, dtype=bool)
+        elif away is not None:
+            up = away[t] & (m != 0)
+        else:
+            sh_t = sh[t].astype(np.int64)
+            sig = (m & (implicit - 1)) | np.where(m >> mant_bits > 0, implicit, 0)
+            thr = (sig << np.maximum(63 - sh_t, 0)) >> np.minimum(np.maximum(sh_t - 63, 0), 63)
+            up = rnd[t] < thr
+        r[t] = np.where(up, it(qmin), it(0))
+    over = r > max_bits
+    if mode == _TOWARD_ZERO:  # directed toward zero: stop at max_finite
+        np.copyto(r, it(max_bits), where=over)
+    elif away is not None:
+        np.copyto(r, it(max_bits), where=over & ~away)
+        np.copyto(r, it(overflow_bits), where=over & away)
+    else:
+        np.copyto(r, it(overflow_bits), where=over)
+    np.copyto(r, it(inf_bits), where=mag == exp_mask)
+    np.copyto(r, it(nan_bits), where=mag > exp_mask)
+    np.add(r, it(sign_value), out=dst, where=neg)
+    np.copyto(dst, r, where=~neg)
 
 
 # --------------------------------------------------------------------------- public API
@@ -248,6 +350,21 @@ def _to_numpy(x):
 _AUTO_NATIVE = frozenset({"float16", "float32"})
 
 
+@functools.cache
+def _torch_e4m3fn_saturates() -> bool | None:
+    """True if torch's float32 -> float8_e4m3fn cast takes overflow and inf to +-448; False: NaN."""
+    # torch 2.12 made the cast saturate; earlier versions give NaN there, as ml_dtypes does.
+    # 67 values: long enough for the vectorised kernel, with a scalar tail.
+    x = torch.tensor([464.0, 465.0, 1e6, float("inf"), -float("inf")] * 13 + [448.0, -500.0])
+    y = x.to(torch.float8_e4m3fn).float()
+    if torch.equal(y, x.clamp(-448.0, 448.0)):
+        return True
+    fits = x.abs() <= 464  # 464 ties to 448 under either rule
+    if torch.equal(y[fits], x[fits].clamp(-448.0, 448.0)) and bool(y[~fits].isnan().all()):
+        return False
+    return None  # some other rule: no native cast for e4m3fn
+
+
 def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
     """A function out -> None that writes the library's exact fl(a) into out, or None."""
     if a.dtype == np.float64 and fmt.name == "float32" and not saturate:
@@ -255,16 +372,16 @@ def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
     # torch casts float64 through float32 (double rounding), so only float32 inputs go native.
     if a.dtype != np.float32 or fmt.torch_dtype is None or fmt.name == "float32":
         return None
-    # torch 2.13 saturates e4m3fn overflow (inf included) to +-448, and never saturates the
-    # IEEE-style formats, so the torch cast is exact only for these pairings.
-    if saturate != (fmt.name == "float8_e4m3fn"):
+    # torch never saturates the IEEE-style formats; its e4m3fn overflow rule is probed.
+    torch_saturates = _torch_e4m3fn_saturates() if fmt.name == "float8_e4m3fn" else False
+    if torch_saturates is None or torch_saturates != bool(saturate):
         return None
     return lambda out: torch.from_numpy(out).copy_(torch.from_numpy(a).to(fmt.torch_dtype))
 
 
-def _emulate(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, rng, saturate: bool):
-    """Write fl(a) into out with the integer kernel."""
-    c = _F32 if a.dtype == np.float32 else _F64
+@functools.cache
+def _word_params(fmt: FloatFormat, c: _Container, saturate: bool) -> tuple[int, ...]:
+    """The scalar arguments of _round_word for fmt in container c, as Python ints."""
     exp_mask = ((1 << (c.width - 1 - c.mantissa_bits)) - 1) << c.mantissa_bits
     nan_bits = exp_mask | (1 << (c.mantissa_bits - 1))  # the quiet NaN
     max_bits = _bits(fmt.max_finite, c)
@@ -272,19 +389,32 @@ def _emulate(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, rng, s
         overflow_bits = inf_bits = max_bits
     else:
         overflow_bits = inf_bits = exp_mask if fmt.has_inf else nan_bits
-    args = (
-        a.view(c.int_dtype).ravel(), out.view(c.int_dtype).reshape(-1),
-        c.mantissa_bits, c.mantissa_bits - fmt.mantissa_bits, fmt.emin + c.bias,
-        _bits(fmt.min_subnormal, c), _bits(fmt.min_subnormal / 2, c), max_bits,
-        overflow_bits, inf_bits, nan_bits, exp_mask, -(1 << (c.width - 1)),
-    )
+    return (c.mantissa_bits, c.mantissa_bits - fmt.mantissa_bits, fmt.emin + c.bias,
+            _bits(fmt.min_subnormal, c), _bits(fmt.min_subnormal / 2, c), max_bits,
+            overflow_bits, inf_bits, nan_bits, exp_mask, -(1 << (c.width - 1)))
+
+
+def _emulate(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, rng, saturate: bool):
+    """Write fl(a) into out by the add-then-clear recipe: Python, NumPy or numba tier."""
+    c = _F32 if a.dtype == np.float32 else _F64
+    src, dst = a.view(c.int_dtype).ravel(), out.view(c.int_dtype).reshape(-1)
+    params = _word_params(fmt, c, saturate)
     uniform = fmt.emin + c.bias <= 1  # fmt's normal range reaches down to the container's
+    seed = int(rng.integers(0, 2**63)) if code == _STOCHASTIC else 0
+    if a.size <= _PYTHON_MAX_SIZE:
+        _python_words(src, dst, params, code, seed, uniform)
+        return
     # Follow torch's thread setting: one thread there means serial here too. numba's OpenMP
     # layer resets the process-wide OpenMP thread count, which torch shares, so it is put back.
     torch_threads = torch.get_num_threads()
     parallel = a.size >= _PARALLEL_MIN_SIZE and torch_threads > 1
-    kernel = _KERNELS[code == _STOCHASTIC, uniform, parallel]
-    kernel(*args, int(rng.integers(0, 2**63)) if code == _STOCHASTIC else code)
+    variant = (code == _STOCHASTIC, uniform, parallel, c.width)
+    spent = _numpy_cost_s.get(variant, 0.0)
+    if spent < _COMPILE_AFTER_S:
+        _numpy_cost_s[variant] = spent + _NUMPY_COST_PER_CALL_S + a.size * _NUMPY_COST_PER_ELEMENT_S
+        _numpy_words(src, dst, *params, code, seed, uniform)
+        return
+    _numba_kernel(*variant[:3])(src, dst, *params, seed if code == _STOCHASTIC else code)
     if parallel and torch.get_num_threads() != torch_threads:
         torch.set_num_threads(torch_threads)
 
@@ -296,9 +426,9 @@ def round_to(x, fmt, mode: str = "nearest_even", rng: np.random.Generator | None
     mode: nearest_even (IEEE default), nearest_away (NVIDIA's fp32->tf32 conversion),
     toward_zero, up (toward +inf), down (toward -inf), stochastic (up with probability equal
     to the distance from the value below, in ulps; needs `rng`).
-    saturate: overflow and inf go to +-max_finite instead. torch 2.13 casts to float8_e4m3fn
-    this way; ml_dtypes (and older torch) give NaN, this function's default. Directed modes
-    rounding toward zero always stop at +-max_finite, as IEEE 754 prescribes.
+    saturate: overflow and inf go to +-max_finite instead. torch 2.12 and later cast to
+    float8_e4m3fn this way; ml_dtypes and older torch give NaN, this function's default.
+    Directed modes rounding toward zero always stop at +-max_finite, as IEEE 754 prescribes.
     backend: "auto" takes the library cast for float16 and float32 targets (exact and
     fastest there) and the integer kernel otherwise; "native" forces the library cast and
     raises where none is exact; "emulated" always runs the kernel. All agree bit for bit.

@@ -369,3 +369,22 @@ def test_rounding_leaves_torch_thread_setting_alone():
             assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16", "tf32", "float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("mode", ["nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic"])
+def test_python_numpy_and_numba_tiers_agree_bit_for_bit(monkeypatch, fmt, mode):
+    """The three speeds of the same recipe: Python ints (tiny), NumPy words, the numba kernel."""
+    import precisionlab.rounding as r
+    gen = np.random.default_rng(7)
+    for dtype in (np.float32, np.float64):
+        x = (gen.standard_normal(3000) * np.exp2(gen.integers(-30, 30, 3000))).astype(dtype)
+        x[:6] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30]
+        results = []
+        for compile_after, python_max in ((float("inf"), 0), (-1.0, 0), (float("inf"), 10**6)):
+            monkeypatch.setattr(r, "_COMPILE_AFTER_S", compile_after)
+            monkeypatch.setattr(r, "_PYTHON_MAX_SIZE", python_max)
+            rng = np.random.default_rng(11) if mode == "stochastic" else None
+            results.append(r.round_to(x, fmt, mode, rng, backend="emulated").view(np.uint8))
+        np.testing.assert_array_equal(results[0], results[1])
+        np.testing.assert_array_equal(results[0], results[2])

@@ -4,12 +4,17 @@ rollout engine, the alpha/beta split of the PPO log-ratio, phantom clipping and 
 The pieces, bottom up:
 
 * `Policy` — a small autoregressive model over a vocabulary with an end-of-sequence token.
-  Its one forward function runs in fp32, bf16 or fp16 with *explicit casts*: every weight is
-  cast to the compute dtype where it is used and activations stay in that dtype, so the
-  arithmetic is torch's own low-precision arithmetic. The same function serves the rollout
-  engine (weights stored in the low format), the trainer (fp32 master weights; gradients flow
-  back through the casts, as under autocast) and the shadow forward, so matched precisions
-  give bit-identical log-probabilities by construction.
+  Its forward runs in fp32, bf16 or fp16 through `precisionlab.emulate`: every weight is
+  rounded to the format where it is used, activations are stored in it, matrix products
+  accumulate in fp32 in a fixed order and round once, norms and the log-softmax are
+  evaluated in float64 and rounded once. That arithmetic is the same on every CPU and thread
+  count, which a chaotic closed loop (sampling, then training on the samples) needs: one
+  differing bit anywhere changes the sampled tokens and the whole run. The same semantics
+  serve the rollout engine (weights stored in the low format), the trainer (fp32 master
+  weights; gradients flow back through straight-through casts, as under autocast) and the
+  shadow forward, so matched precisions give bit-identical log-probabilities. Without
+  gradients a fused numba kernel computes exactly the same bits, fast; `backend="native"`
+  runs torch's own kernels instead (what this machine's hardware gives).
 * `Engine` — a synced low-precision copy of the weights that samples every completion of
   every group together, token by token.
 * the GRPO pieces — group-normalised advantages, the clipped surrogate with separate lower and
@@ -18,25 +23,31 @@ The pieces, bottom up:
   shadow forward, wide epsilon, detached weights, detached and centred weights.
 * `train` / `train_many` — the closed loop (generate, sync, score, update) with a per-step log.
 
-No global state: every random draw takes an explicit `torch.Generator`.
+Every statistic the book prints (means, standard deviations, cosines) is taken in float64
+with fixed-order sums (`emulate.fixed_sum`). No global state: every random draw takes an
+explicit `torch.Generator`.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numba
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from . import emulate as E
 from .checks import check_choice as _check_choice
 from .checks import check_positive as _check_positive
+from .emulate import _gemm_kernel
 from .formats import get_format
 from .rounding import round_to
 
 __all__ = [
+    "BACKENDS",
     "CLIP_CLASSES",
     "EOS",
     "MASTER_PRECISIONS",
@@ -54,24 +65,30 @@ __all__ = [
     "beta_table",
     "classify_clipping",
     "clipped",
+    "fmean",
     "four_pass_gradients",
+    "fstd",
     "gradient_report",
     "group_advantages",
     "log_ratio_split",
     "logit_rounding_beta",
     "policy_gradient",
+    "policy_logprobs",
     "sample_tokens",
     "sequence_logprobs",
     "surrogate_loss",
     "token_weights",
     "train",
     "train_many",
+    "train_seeds",
     "vocabulary_logprobs",
     "with_changes",
 ]
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 MASTER_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+BACKENDS: tuple[str, ...] = E.BACKENDS  # "emulated" (portable, the default) or "native" (torch's kernels)
+_FMT = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 RATIO_MODES: tuple[str, ...] = ("actual", "one", "shadow")
 WEIGHT_MODES: tuple[str, ...] = ("ppo", "detached", "detached_centered")
@@ -91,7 +108,7 @@ class PolicyConfig:
     max_len: int = 16  # completions are cut here (reward -max_len)
     width: int = 64  # residual stream
     hidden: int = 128  # MLP hidden layer
-    depth: int = 8  # residual MLP blocks
+    depth: int = 4  # residual MLP blocks
     logit_offset: float = 64.0  # common level of every logit: sets the bf16 spacing there
     logit_spread: float = 2.0  # std of the token-dependent part of the logits at init
     eos_logit: float = 4.0  # extra logit of EOS at init: sets how rarely the policy stops
@@ -110,10 +127,11 @@ class PolicyConfig:
 class Policy(torch.nn.Module):
     """pi(a | prompt p, previous token, position t) = softmax(z), z = W_head RMSNorm(x_L) + b.
 
-    x_0 = E_tok[prev] + E_pos[t] + E_prompt[p]; x_{l+1} = x_l + W_out,l gelu(W_in,l RMSNorm(x_l)).
+    x_0 = E_tok[prev] + E_pos[t] + E_prompt[p]; x_{l+1} = x_l + W_out,l relu(W_in,l RMSNorm(x_l)).
     The bias b is a fixed buffer, `logit_offset` for every token plus `eos_logit` for EOS. A
     common offset leaves the exact softmax unchanged but decides how coarse the bf16 grid is
-    where the logits live.
+    where the logits live. ReLU is exact in every format (it only compares and selects), so
+    the hidden layer needs no rounding of its own.
     """
 
     def __init__(self, cfg: PolicyConfig, generator: torch.Generator):
@@ -122,12 +140,12 @@ class Policy(torch.nn.Module):
         d, m, n = cfg.width, cfg.hidden, cfg.depth
 
         def randn(*shape, std):
-            return torch.nn.Parameter(torch.randn(*shape, generator=generator) * std)
+            return torch.nn.Parameter(_normal(shape, generator, std))
 
         self.tok = randn(cfg.vocab + 1, d, std=1.0)  # row `vocab` is the begin-of-sequence token
         self.pos = randn(cfg.max_len, d, std=1.0)
         self.prompt = randn(cfg.n_prompts, d, std=1.0)
-        self.w_in = randn(n, m, d, std=d**-0.5)
+        self.w_in = randn(n, m, d, std=(2 / d) ** 0.5)  # ReLU halves the variance: He init
         # Each block adds O(1/depth) variance, so the stream stays O(1) at any depth.
         self.w_out = randn(n, d, m, std=(m * n) ** -0.5)
         self.head = randn(cfg.vocab, d, std=cfg.logit_spread * d**-0.5)
@@ -140,37 +158,316 @@ class Policy(torch.nn.Module):
         """Token id of begin-of-sequence, the `previous token` at position 0 (= vocab)."""
         return self.cfg.vocab
 
-    def forward(self, prompt, prev, pos, precision: str = "fp32") -> torch.Tensor:
-        """Logits z (float32) for rows (prompt, prev, pos), computed in `precision` with explicit casts."""
-        dt = _DTYPE[_check_choice(precision, "precision", PRECISIONS)]
-        d = self.cfg.width
-        # Index first, then cast: the same values as casting the tables, for less work.
-        x = self.tok[prev].to(dt) + self.pos[pos].to(dt) + self.prompt[prompt].to(dt)
-        w_in, w_out = self.w_in.to(dt), self.w_out.to(dt)
+    def forward(self, prompt, prev, pos, precision: str = "fp32",
+                backend: str = "emulated") -> torch.Tensor:
+        """Logits z (float32 tensor holding values of `precision`) for rows (prompt, prev, pos).
+
+        Each weight is rounded to the format where it is used (straight-through gradient);
+        x_0 = fl(fl(E_tok) + fl(E_pos) + fl(E_prompt)) with the two adds in fp32; every linear
+        layer accumulates in fp32 in a fixed order and rounds once (`emulate.linear`); RMSNorm
+        is evaluated in float64 and rounded once; the residual add is an fp32 add rounded once.
+        backend="native": the same graph on torch's own kernels in the format's dtype.
+        """
+        prec = _precision(precision, backend)
+        x = E.cast(E.cast(_rows(self.tok, prev), prec) + E.cast(_rows(self.pos, pos), prec)
+                   + E.cast(_rows(self.prompt, prompt), prec), prec)
         for layer in range(self.cfg.depth):
-            h = F.gelu(_linear(F.rms_norm(x, (d,)), w_in[layer]))
-            x = x + _linear(h, w_out[layer])
-        z = _linear(F.rms_norm(x, (d,)), self.head.to(dt), self.bias.to(dt))
-        # The log-softmax runs in fp32, as inference engines and trainers do: the low
-        # precision reaches the log-probabilities through the logits alone.
-        return z.float()
+            h = torch.relu(E.linear(E.rms_norm(x, prec), self.w_in[layer], None, prec))
+            x = E.cast(x + E.linear(h, self.w_out[layer], None, prec), prec)
+        return E.linear(E.rms_norm(x, prec), self.head, self.bias, prec)
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x w^T + b in x's dtype: exact products, fp32 accumulation, one rounding of the output."""
-    if x.dtype == torch.float16:
-        # That is the contract of an fp16 GEMM on a GPU. On CPUs without fp16 arithmetic,
-        # torch's own fp16 matmul (same contract, another summation order) is an order of
-        # magnitude slower (benchmarks/bench_rl.py), so the fp32 accumulation is spelled
-        # out; bf16 and fp32 use torch's kernels directly.
-        return F.linear(x.float(), w.float(), None if b is None else b.float()).to(x.dtype)
-    return F.linear(x, w, b)
+def _normal(shape, generator: torch.Generator, std: float = 1.0) -> torch.Tensor:
+    """N(0, std^2) samples in float32 by Marsaglia's polar method from float64 uniforms.
+
+    torch.randn is not portable: its vectorised Box-Muller (AVX2/AVX-512 sin, cos, log)
+    gives other last bits than the scalar one under ATEN_CPU_CAPABILITY=default. Here u, v
+    ~ U(-1, 1) come from torch.rand (exact scalings of random bits) and, for
+    s = u^2 + v^2 in (0, 1), z = u sqrt(-2 ln(s) / s) with emulate.log64: +, -, *, /, sqrt only.
+    """
+    n = math.prod(shape)
+    out, have = [], 0
+    while have < n:
+        m = max(8, n - have)  # pairs per round; about 79% are accepted
+        u = torch.rand(2 * m, generator=generator, dtype=torch.float64) * 2.0 - 1.0
+        u, v = u[:m], u[m:]
+        s = u * u + v * v
+        ok = (s > 0) & (s < 1)
+        f = torch.sqrt(-2.0 * E.log64(s[ok]) / s[ok])
+        z = torch.stack([u[ok] * f, v[ok] * f], 1).reshape(-1)
+        out.append(z)
+        have += z.numel()
+    return (torch.cat(out)[:n] * std).to(torch.float32).reshape(shape)
+
+
+def _precision(precision: str, backend: str = "emulated") -> E.Precision:
+    """The emulate.Precision of a policy precision name (fp32/bf16/fp16), fp32 accumulation."""
+    p = _check_choice(precision, "precision", PRECISIONS)
+    return E.Precision(_FMT[p], "float32", _check_choice(backend, "backend", BACKENDS))
+
+
+_FP32 = E.Precision("float32")
+
+
+@numba.njit(cache=True)
+def _scatter_rows(idx, g, out):  # pragma: no cover - compiled
+    """out[idx[i]] += g[i] for i = 0, 1, ..., in this order (float64)."""
+    for i in range(idx.shape[0]):
+        r = idx[i]
+        for j in range(g.shape[1]):
+            out[r, j] = out[r, j] + g[i, j]
+
+
+class _Rows(torch.autograd.Function):
+    """y = T[idx]; dT = sum of dy over repeated indices, added in index order in float64, rounded to T's dtype."""
+
+    @staticmethod
+    def forward(ctx, table, idx):
+        ctx.save_for_backward(idx)
+        ctx.shape, ctx.dtype = table.shape, table.dtype
+        return table[idx]
+
+    @staticmethod
+    def backward(ctx, g):
+        (idx,) = ctx.saved_tensors
+        out = np.zeros(tuple(ctx.shape), dtype=np.float64)
+        _scatter_rows(np.ascontiguousarray(idx.numpy(), dtype=np.int64),
+                      np.ascontiguousarray(g.detach().to(torch.float64).numpy()), out)
+        return torch.from_numpy(out).to(ctx.dtype), None
+
+
+def _rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """table[idx] with a gradient that sums repeated rows in a fixed order (torch's may not)."""
+    if not (torch.is_grad_enabled() and table.requires_grad):
+        return table[idx]
+    return _Rows.apply(table, idx)
+
+
+# --------------------------------------------------------------------------- the fused forward
+#
+# Without gradients (rollouts, shadow forwards, scoring) one numba kernel computes what the
+# emulate ops above compute, bit for bit: the same roundings, the same fp32 accumulation
+# order in the matrix products, the same float64 formulas and pairwise sums in RMSNorm and
+# the log-softmax. tests/test_rl.py holds the two paths equal on random policies.
+
+_LN2_HI, _LN2_LO, _INV_LN2 = E._LN2_HI, E._LN2_LO, E._INV_LN2  # numba: compile-time constants
+_SQRT_HALF = math.sqrt(0.5)
+_EXP_C = np.array(E._EXP_COEF)
+_LOG_C = np.array(E._LOG_COEF)
+_POW2 = np.array([math.ldexp(1.0, k) for k in range(-600, 601)])  # 2^k, exact: emulate._pow2
+_FMT_CODE = {"fp32": (24, -126, 3.4028234663852886e38), "bf16": (8, -126, 3.3895313892515355e38),
+             "fp16": (11, -14, 65504.0)}
+
+
+@numba.njit(cache=True)
+def _rnd_slow(v, p, emin, vmax):  # pragma: no cover - compiled
+    """v (float64) rounded to nearest even with p significant bits, normal exponents >= emin."""
+    if v == 0.0 or not np.isfinite(v):
+        return v
+    _, e = math.frexp(v)
+    q = max(e - 1, emin) - (p - 1)
+    r = math.ldexp(np.rint(math.ldexp(v, -q)), q)
+    if abs(r) > vmax:
+        return math.copysign(np.inf, v)
+    return r
+
+
+@numba.njit(cache=True)
+def _rnd_vec(buf, n, p, emin, vmax):  # pragma: no cover - compiled
+    """buf[:n] = fl(buf[:n]) in place (float64), round to nearest even: the values round_to gives.
+
+    Where the result is normal, add half an ulp minus one (plus the last kept bit, for ties
+    to even) to the float64 bit pattern and clear the dropped bits; a carry moves into the
+    exponent by itself. Subnormal results, zeros, inf and NaN take _rnd_slow.
+    """
+    bits = buf.view(np.int64)
+    drop = 53 - p
+    half = (np.int64(1) << (drop - 1)) - 1
+    keep = ~((np.int64(1) << drop) - 1)
+    for i in range(n):
+        ex = ((bits[i] >> 52) & 0x7FF) - 1023
+        if ex >= emin and ex < 1000:
+            v = buf[i]
+            bits[i] = (bits[i] + half + ((bits[i] >> drop) & 1)) & keep
+            if abs(buf[i]) > vmax:
+                buf[i] = math.copysign(np.inf, v)
+        else:
+            buf[i] = _rnd_slow(buf[i], p, emin, vmax)
+
+
+@numba.njit(cache=True)
+def _fsum(buf, n):  # pragma: no cover - compiled
+    """emulate.fixed_sum of buf[:n] (overwrites buf): halves added pairwise, padded with 0 to even."""
+    while n > 1:
+        if n % 2:
+            buf[n] = 0.0
+            n += 1
+        h = n // 2
+        for i in range(h):
+            buf[i] = buf[i] + buf[i + h]
+        n = h
+    return buf[0] if n == 1 else 0.0
+
+
+@numba.njit(cache=True)
+def _exp64(x, c):  # pragma: no cover - compiled
+    """emulate.exp64, the same operations in the same order."""
+    if np.isnan(x):
+        return x
+    if x > 709.8:
+        return np.inf
+    if x < -745.2:
+        return 0.0
+    n = min(max(np.rint(x * _INV_LN2), -1100.0), 1100.0)
+    r = (x - n * _LN2_HI) - n * _LN2_LO
+    p = c[c.shape[0] - 1]
+    for k in range(c.shape[0] - 2, -1, -1):
+        p = p * r + c[k]
+    half = math.floor(n * 0.5)
+    return p * _POW2[int(half) + 600] * _POW2[int(n - half) + 600]
+
+
+@numba.njit(cache=True)
+def _log64(x, c):  # pragma: no cover - compiled
+    """emulate.log64 for finite x > 0, the same operations in the same order."""
+    m, e = math.frexp(x)
+    ef = np.float64(e)
+    if m < _SQRT_HALF:
+        m = m * 2.0
+        ef = ef - 1.0
+    s = (m - 1.0) / (m + 1.0)
+    s2 = s * s
+    p = c[c.shape[0] - 1]
+    for k in range(c.shape[0] - 2, -1, -1):
+        p = p * s2 + c[k]
+    return ef * _LN2_HI + (ef * _LN2_LO + s * p)
+
+
+@numba.njit(cache=True)
+def _round_into(acc, out, buf, p, emin, vmax):  # pragma: no cover - compiled
+    """out = fl(acc) elementwise (float32 arrays of one shape, buf a float64 scratch row)."""
+    n, m = acc.shape
+    for i in range(n):
+        for j in range(m):
+            buf[j] = np.float64(acc[i, j])
+        _rnd_vec(buf, m, p, emin, vmax)
+        for j in range(m):
+            out[i, j] = np.float32(buf[j])
+
+
+@numba.njit(cache=True)
+def _rms_rows(x, out, buf, p, emin, vmax):  # pragma: no cover - compiled
+    """out = fl(x / sqrt(fixed_sum(x^2) / d + 1e-6)) per row, float64 inside (emulate.rms_norm)."""
+    n, d = x.shape
+    for i in range(n):
+        for k in range(d):
+            buf[k] = np.float64(x[i, k]) * np.float64(x[i, k])
+        r = 1.0 / math.sqrt(_fsum(buf, d) / d + 1e-6)
+        for k in range(d):
+            buf[k] = np.float64(x[i, k]) * r
+        _rnd_vec(buf, d, p, emin, vmax)
+        for k in range(d):
+            out[i, k] = np.float32(buf[k])
+
+
+@numba.njit(cache=True)
+def _forward_kernel(prompt, prev, pos, tok, pos_t, prompt_t, w_in_t, w_out_t, head_t, bias,
+                    p, emin, vmax, ec, lc, out):  # pragma: no cover - compiled
+    """log_softmax(z) in fp32 for rows (prompt, prev, pos); weights already rounded to F, transposed (K, N).
+
+    Matrix products use emulate's own kernel (fp32 products, sums over k in order), then one
+    rounding to F; everything else repeats the emulate ops' float64 formulas and orders.
+    """
+    depth, d, m = w_in_t.shape
+    v = head_t.shape[1]
+    n = prompt.shape[0]
+    x = np.empty((n, d), np.float32)
+    xn = np.empty((n, d), np.float32)
+    h = np.empty((n, m), np.float32)
+    y = np.empty((n, d), np.float32)
+    z = np.empty((n, v), np.float32)
+    buf = np.empty(max(m, d, v) + 2, np.float64)
+    zz = np.empty(v, np.float64)
+    for i in range(n):
+        for k in range(d):
+            s = np.float32(tok[prev[i], k] + pos_t[pos[i], k])
+            y[i, k] = s + prompt_t[prompt[i], k]
+    _round_into(y, x, buf, p, emin, vmax)
+    for layer in range(depth):
+        _rms_rows(x, xn, buf, p, emin, vmax)
+        _gemm_kernel(xn, w_in_t[layer], h)
+        _round_into(h, h, buf, p, emin, vmax)
+        for i in range(n):
+            for j in range(m):
+                if h[i, j] < 0:  # relu (the sign of a zero changes no later sum)
+                    h[i, j] = 0.0
+        _gemm_kernel(h, w_out_t[layer], y)
+        _round_into(y, y, buf, p, emin, vmax)
+        for i in range(n):
+            for k in range(d):
+                y[i, k] = x[i, k] + y[i, k]
+        _round_into(y, x, buf, p, emin, vmax)
+    _rms_rows(x, xn, buf, p, emin, vmax)
+    _gemm_kernel(xn, head_t, z)
+    for i in range(n):
+        for j in range(v):
+            z[i, j] = z[i, j] + bias[j]
+    _round_into(z, z, buf, p, emin, vmax)
+    for i in range(n):
+        zmax = -np.inf
+        for j in range(v):
+            zmax = max(zmax, np.float64(z[i, j]))
+        for j in range(v):
+            zz[j] = np.float64(z[i, j]) - zmax
+            buf[j] = _exp64(zz[j], ec)
+        lse = _log64(_fsum(buf, v), lc)
+        for j in range(v):
+            out[i, j] = np.float32(zz[j] - lse)
+
+
+def _kernel_weights(policy: Policy, precision: str, rounded_already: bool = False) -> tuple:
+    """The policy's weights rounded to `precision` (float32 arrays), matrices transposed to (K, N)."""
+    fmt = _FMT[precision]
+
+    def rounded(t, transpose=False):
+        a = t.detach().float().numpy()
+        a = a if rounded_already else round_to(a, fmt)
+        return np.ascontiguousarray(a.swapaxes(-1, -2) if transpose else a)
+
+    return (rounded(policy.tok), rounded(policy.pos), rounded(policy.prompt),
+            rounded(policy.w_in, True), rounded(policy.w_out, True), rounded(policy.head, True),
+            rounded(policy.bias))
+
+
+def _fused_logprobs(policy: Policy, prompt, prev, pos, precision: str,
+                    weights: tuple | None = None) -> torch.Tensor:
+    """log pi(. | rows) (N, V) in float32 from the fused kernel: the emulated forward without autograd."""
+    p, emin, vmax = _FMT_CODE[precision]
+    out = np.empty((prompt.numel(), policy.cfg.vocab), np.float32)
+    if prompt.numel():
+        _forward_kernel(
+            *(np.ascontiguousarray(i.numpy(), dtype=np.int64) for i in (prompt, prev, pos)),
+            *(weights or _kernel_weights(policy, precision)), p, emin, vmax, _EXP_C, _LOG_C, out)
+    return torch.from_numpy(out)
+
+
+def policy_logprobs(policy: Policy, prompt, prev, pos, precision: str = "fp32",
+                    backend: str = "emulated") -> torch.Tensor:
+    """log pi(. | rows) (N, V): the forward in `precision`, then a log-softmax in fp32 (as engines do)."""
+    _check_choice(precision, "precision", PRECISIONS)
+    if backend == "native":
+        return E.log_softmax(policy(prompt, prev, pos, precision, "native"),
+                             E.Precision("float32", backend="native"))
+    _check_choice(backend, "backend", BACKENDS)
+    if not torch.is_grad_enabled():
+        return _fused_logprobs(policy, prompt, prev, pos, precision)
+    return E.log_softmax(policy(prompt, prev, pos, precision), _FP32)
 
 
 def _round_params(policy: Policy, precision: str):
-    """fl(W) for every trainable parameter, in `precision`'s dtype (round to nearest even)."""
-    fmt, dt = get_format(precision), _DTYPE[precision]
-    return [round_to(p.detach().float(), fmt).to(dt) for p in policy.parameters()]
+    """fl(W) for every trainable parameter (round to nearest even), stored in float32."""
+    fmt = get_format(_FMT[precision])
+    return [round_to(p.detach().float(), fmt) for p in policy.parameters()]
 
 
 # --------------------------------------------------------------------------- rollouts
@@ -207,17 +504,24 @@ class Rollout:
 class Engine:
     """The rollout engine: a copy of the policy rounded into `precision` at every sync."""
 
-    def __init__(self, policy: Policy, precision: str = "bf16"):
+    def __init__(self, policy: Policy, precision: str = "bf16", backend: str = "emulated"):
         self.precision = _check_choice(precision, "engine precision", PRECISIONS)
+        self.backend = _check_choice(backend, "backend", BACKENDS)
         self.model = copy.deepcopy(policy).requires_grad_(False)
         # The fixed logit bias is not trained: rounded once, here.
-        self.model.bias.data = round_to(policy.bias.float(), get_format(precision)).to(
-            _DTYPE[precision])
+        self.model.bias.data = round_to(policy.bias.detach().float(), get_format(_FMT[precision]))
         self._load(_round_params(policy, precision))
 
     def _load(self, values) -> None:
         for p, v in zip(self.model.parameters(), values, strict=True):
             p.data = v
+        self._weights = None  # the fused kernel's copy, made on first use
+
+    def kernel_weights(self) -> tuple:
+        """The fused kernel's copy of the engine's weights (already in the engine's format)."""
+        if self._weights is None:
+            self._weights = _kernel_weights(self.model, self.precision, rounded_already=True)
+        return self._weights
 
     def sync(self, policy: Policy) -> float:
         """Load fl(W) into the engine; return the fraction of weights whose stored value changed."""
@@ -243,7 +547,12 @@ class Engine:
         rows = torch.arange(b)  # the unfinished completions
         for t in range(t_max):
             pos = torch.full((rows.numel(),), t)
-            logp = F.log_softmax(self.model(prompt[rows], prev[rows], pos, self.precision), -1)
+            if self.backend == "native":
+                logp = policy_logprobs(self.model, prompt[rows], prev[rows], pos, self.precision,
+                                       "native")
+            else:
+                logp = _fused_logprobs(self.model, prompt[rows], prev[rows], pos, self.precision,
+                                       self.kernel_weights())
             tok = sample_tokens(logp, generator)
             tokens[rows, t] = tok
             old_logp[rows, t] = logp.gather(1, tok[:, None]).squeeze(1)
@@ -255,29 +564,88 @@ class Engine:
         return Rollout(prompt, tokens, mask, old_logp, group_size)
 
 
+@numba.njit(cache=True)
+def _inverse_cdf(logp, u, ec, out):  # pragma: no cover - compiled
+    """out[i] = first v with c_v > u_i c_last, c_v = p_0 + ... + p_v added left to right, p = exp64(logp)."""
+    n, v = logp.shape
+    cdf = np.empty(v, np.float64)
+    for i in range(n):
+        c = 0.0
+        for j in range(v):
+            c = c + _exp64(np.float64(logp[i, j]), ec)
+            cdf[j] = c
+        target = u[i] * cdf[v - 1]
+        k = v - 1
+        for j in range(v):
+            if cdf[j] > target:
+                k = j
+                break
+        out[i] = k
+
+
 def sample_tokens(logp: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row by inverse CDF: the first v with sum_{u<=v} p_u > U * sum_u p_u, U ~ U[0, 1)."""
-    cdf = torch.cumsum(logp.exp(), dim=-1)
-    u = torch.rand(logp.shape[0], 1, generator=generator) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).clamp_(max=logp.shape[-1] - 1).squeeze(1)
+    """One token per row by inverse CDF: the first v with sum_{u<=v} p_u > U * sum_u p_u, U ~ U[0, 1).
+
+    p_u = exp64(logp_u) in float64, summed left to right, and U a float64 draw from
+    `generator`: the same U picks the same token on every machine.
+    """
+    u = torch.rand(logp.shape[0], generator=generator, dtype=torch.float64)
+    out = np.empty(logp.shape[0], np.int64)
+    _inverse_cdf(np.ascontiguousarray(logp.detach().float().numpy()), u.numpy(), _EXP_C, out)
+    return torch.from_numpy(out)
 
 
-def sequence_logprobs(policy: Policy, rollout: Rollout, precision: str) -> torch.Tensor:
+def sequence_logprobs(policy: Policy, rollout: Rollout, precision: str,
+                      backend: str = "emulated") -> torch.Tensor:
     """log pi(a_t | s_t) of the rollout's tokens under `policy` in `precision`; (B, T), 0 off the mask."""
     # The policy is Markov in (prompt, previous token, position), so only completion tokens
     # need a forward: padding rows are never computed.
     prompt, prev, pos = (x[rollout.mask] for x in rollout.inputs(policy.bos))
-    logp = F.log_softmax(policy(prompt, prev, pos, precision), -1)
+    logp = policy_logprobs(policy, prompt, prev, pos, precision, backend)
     picked = logp.gather(-1, rollout.tokens[rollout.mask][:, None]).squeeze(-1)
     return torch.zeros(rollout.tokens.shape, dtype=picked.dtype).masked_scatter(rollout.mask,
                                                                                  picked)
 
 
 @torch.no_grad()
-def vocabulary_logprobs(policy: Policy, rollout: Rollout, precision: str) -> torch.Tensor:
+def vocabulary_logprobs(policy: Policy, rollout: Rollout, precision: str,
+                        backend: str = "emulated") -> torch.Tensor:
     """log pi(v | s_t) for every token v of the vocabulary at the rollout's states: (N tokens, V)."""
     prompt, prev, pos = (x[rollout.mask] for x in rollout.inputs(policy.bos))
-    return F.log_softmax(policy(prompt, prev, pos, precision), -1)
+    return policy_logprobs(policy, prompt, prev, pos, precision, backend)
+
+
+# --------------------------------------------------------------------------- portable statistics
+
+
+def fmean(x) -> float:
+    """mean of every entry, in float64 with a fixed pairwise sum (the same digits on every machine)."""
+    x = torch.as_tensor(x).detach().reshape(-1).to(torch.float64)
+    return float(E.fixed_sum(x, 0)) / x.numel() if x.numel() else float("nan")
+
+
+def fstd(x) -> float:
+    """sample standard deviation sqrt(sum (x - mean)^2 / (n - 1)), float64 with fixed pairwise sums."""
+    x = torch.as_tensor(x).detach().reshape(-1).to(torch.float64)
+    if x.numel() < 2:
+        return 0.0
+    d = x - float(E.fixed_sum(x, 0)) / x.numel()
+    return math.sqrt(float(E.fixed_sum(d * d, 0)) / (x.numel() - 1))
+
+
+def _prec_of(x: torch.Tensor) -> E.Precision:
+    """float64 arithmetic for float64 tensors (the tests' oracles), fp32 otherwise."""
+    return E.Precision("float64", "float64") if x.dtype == torch.float64 else _FP32
+
+
+def _exp(x: torch.Tensor) -> torch.Tensor:
+    """fl(e^x) in x's precision (fp32 or float64), e^x from emulate.exp64: portable, with autograd."""
+    return E.exp(x, _prec_of(x))
+
+
+def _sum(x: torch.Tensor) -> torch.Tensor:
+    """sum of every entry by emulate.sum (fixed pairwise order), in x's precision, with autograd."""
+    return E.sum(x, None, prec=_prec_of(x))
 
 
 # --------------------------------------------------------------------------- GRPO algebra
@@ -288,9 +656,11 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) 
     if rewards.ndim != 1 or group_size < 2 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size!r} (>= 2) "
                          f"entries; got shape {tuple(rewards.shape)}")
-    r = rewards.reshape(-1, group_size)
-    a = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)
-    return a.reshape(-1)
+    # float64, fixed pairwise sums and IEEE sqrt: the same advantages on every machine.
+    r = rewards.reshape(-1, group_size).to(torch.float64)
+    d = r - E.fixed_sum(r, 1, keepdim=True) / group_size
+    std = torch.sqrt(E.fixed_sum(d * d, 1, keepdim=True) / (group_size - 1))
+    return (d / (std + eps)).reshape(-1).to(rewards.dtype)
 
 
 def log_ratio_split(train_logp, shadow_logp, old_logp):
@@ -309,8 +679,9 @@ def classify_clipping(alpha, beta, adv, eps_low: float = 0.2, eps_high: float = 
     0 unclipped (neither), 1 phantom (actual only), 2 legitimate (both), 3 released (clean only:
     beta pulled a token that really moved back inside the trust region).
     """
-    actual = clipped(torch.exp(alpha + beta), adv, eps_low, eps_high)
-    clean = clipped(torch.exp(alpha), adv, eps_low, eps_high)
+    with torch.no_grad():
+        actual = clipped(_exp(alpha + beta), adv, eps_low, eps_high)
+        clean = clipped(_exp(alpha), adv, eps_low, eps_high)
     return actual.long() * (1 + clean.long()) + 3 * (clean & ~actual).long()
 
 
@@ -334,24 +705,26 @@ def surrogate_loss(logp, old_logp, adv, mask, eps_low: float = 0.2, eps_high: fl
     _check_choice(weight_mode, "weight_mode", WEIGHT_MODES)
     adv = adv if adv.ndim == logp.ndim else adv[:, None]
     adv = adv.expand_as(logp)
+    # exp and the sums go through emulate (exp64, fixed pairwise sums, one rounding), the
+    # rest is elementwise IEEE arithmetic: the loss and its gradient are portable.
     m = mask.to(logp.dtype)
-    n = m.sum().clamp(min=1)
+    n = m.sum().clamp(min=1)  # a count: exact in any order
     live = logp - logp.detach()  # zero in value; its gradient is the score function
     if ratio_mode == "actual":
-        ratio = torch.exp(logp - old_logp)
+        ratio = _exp(logp - old_logp)
     elif ratio_mode == "one":
-        ratio = torch.exp(live)
+        ratio = _exp(live)
     else:
         if shadow_logp is None:
             raise ValueError("ratio_mode='shadow' needs shadow_logp (the low-precision forward)")
-        ratio = torch.exp(shadow_logp.detach() - old_logp + live)
+        ratio = _exp(shadow_logp.detach() - old_logp + live)
     w = token_weights(ratio, adv, eps_low, eps_high)
     if weight_mode == "ppo":
-        return -(w * m).sum() / n
+        return -_sum(w * m) / n
     w = w.detach()
     if weight_mode == "detached_centered":
-        w = w - (w * m).sum() / n
-    return -(w * logp * m).sum() / n
+        w = w - _sum(w * m) / n
+    return -_sum(w * logp * m) / n
 
 
 # --------------------------------------------------------------------------- gradients
@@ -368,7 +741,7 @@ def policy_gradient(policy: Policy, rollout: Rollout, coeff: torch.Tensor,
     """g = -(1/N) sum_t m_t c_t s_t with s_t = d log pi(a_t)/dW from a forward and backward in `precision`."""
     logp = sequence_logprobs(policy, rollout, precision)
     m = rollout.mask.to(logp.dtype)
-    loss = -(coeff.detach() * logp * m).sum() / m.sum().clamp(min=1)
+    loss = -_sum(coeff.detach() * logp * m) / m.sum().clamp(min=1)
     return _flat_grad(loss, policy)
 
 
@@ -402,8 +775,9 @@ def four_pass_gradients(policy: Policy, rollout: Rollout, adv: torch.Tensor, alp
                         full: str = "fp32") -> GradientDecomposition:
     """Passes A-D: g = -(1/N) sum A e^alpha or A e^(alpha+beta) times s_t from a `low` or `full` backward."""
     a = adv[:, None].expand_as(alpha)
-    clean = (a * torch.exp(alpha)).detach()
-    actual = (a * torch.exp(alpha + beta)).detach()
+    with torch.no_grad():
+        clean = a * _exp(alpha)
+        actual = a * _exp(alpha + beta)
     return GradientDecomposition(
         clean_low=policy_gradient(policy, rollout, clean, low),
         clean_full=policy_gradient(policy, rollout, clean, full),
@@ -412,9 +786,18 @@ def four_pass_gradients(policy: Policy, rollout: Rollout, adv: torch.Tensor, alp
     )
 
 
+def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(E.fixed_sum(a.to(torch.float64) * b.to(torch.float64), 0))
+
+
+def _norm(a: torch.Tensor) -> float:
+    """|a| = sqrt(sum a_i^2), float64 with a fixed pairwise sum."""
+    return math.sqrt(_dot(a, a))
+
+
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
-    den = float(a.norm() * b.norm())
-    return float(a @ b) / den if den > 0 else float("nan")
+    den = _norm(a) * _norm(b)
+    return _dot(a, b) / den if den > 0 else float("nan")
 
 
 def gradient_report(policy: Policy, rollout: Rollout, run: RunConfig) -> dict[str, float]:
@@ -422,7 +805,9 @@ def gradient_report(policy: Policy, rollout: Rollout, run: RunConfig) -> dict[st
 
     Four passes without clipping: |d_ratio|/|g_clean|, |d_score|/|g_clean|, cos(d_ratio,
     d_score), cos(g_clean, g_actual). With clipping: cos between the loss gradient the trainer
-    uses and the same loss computed in the engine's precision (beta = 0). Cross-entropy
+    uses and the same loss computed in the engine's precision (beta = 0), and between it and
+    the clean REINFORCE gradient -(1/N) sum A_t s_t in the engine's precision (ratio 1, no
+    clipping: the source's reference). Cross-entropy
     (pretraining) for comparison: cos between the fp32 and low-precision gradients of the mean
     -log pi(a_t), where beta only shifts the loss.
     """
@@ -432,7 +817,7 @@ def gradient_report(policy: Policy, rollout: Rollout, run: RunConfig) -> dict[st
         train_lp = sequence_logprobs(policy, rollout, run.trainer)
     alpha, beta = log_ratio_split(train_lp, shadow, rollout.old_logp)
     dec = four_pass_gradients(policy, rollout, adv, alpha, beta, low=run.engine, full=run.trainer)
-    clean_norm = float(dec.clean_low.norm())
+    clean_norm = _norm(dec.clean_low)
 
     def loss_grad(precision: str) -> torch.Tensor:
         logp = sequence_logprobs(policy, rollout, precision)
@@ -441,12 +826,15 @@ def gradient_report(policy: Policy, rollout: Rollout, run: RunConfig) -> dict[st
                           policy)
 
     ones = torch.ones_like(alpha)
+    a_tok = adv[:, None].expand_as(alpha)
+    used = loss_grad(run.trainer)
     return {
-        "ratio_error": float(dec.d_ratio.norm()) / clean_norm,
-        "score_error": float(dec.d_score.norm()) / clean_norm,
+        "ratio_error": _norm(dec.d_ratio) / clean_norm,
+        "score_error": _norm(dec.d_score) / clean_norm,
         "cos_ratio_score": _cos(dec.d_ratio, dec.d_score),
         "cos_clean_actual": _cos(dec.clean_low, dec.actual_full),
-        "cos_clipped": _cos(loss_grad(run.engine), loss_grad(run.trainer)),
+        "cos_clipped": _cos(loss_grad(run.engine), used),
+        "cos_reinforce": _cos(policy_gradient(policy, rollout, a_tok, run.engine), used),
         "cos_cross_entropy": _cos(policy_gradient(policy, rollout, ones, run.engine),
                                   policy_gradient(policy, rollout, ones, run.trainer)),
     }
@@ -461,12 +849,12 @@ def beta_table(policy: Policy, rollout: Rollout, precisions: Sequence[str] = PRE
         for p in precisions:
             beta = sequence_logprobs(policy, rollout, p)[rollout.mask] - ref
             out[p] = {
-                "mean_abs": float(beta.abs().mean()),
-                "mean": float(beta.mean()),
-                "std": float(beta.std()),
+                "mean_abs": fmean(beta.abs()),
+                "mean": fmean(beta),
+                "std": fstd(beta),
                 "max_abs": float(beta.abs().max()),
-                "beyond_0.2": float((beta.abs() > 0.2).float().mean()),
-                "nonzero": float((beta != 0).float().mean()),
+                "beyond_0.2": fmean(beta.abs() > 0.2),
+                "nonzero": fmean(beta != 0),
             }
     return out
 
@@ -477,8 +865,8 @@ def logit_rounding_beta(policy: Policy, rollout: Rollout, fmt="bfloat16") -> tor
     prompt, prev, pos = (x[rollout.mask] for x in rollout.inputs(policy.bos))
     z = policy(prompt, prev, pos, "fp32")
     tok = rollout.tokens[rollout.mask][:, None]
-    exact = F.log_softmax(z, -1).gather(1, tok)
-    rounded = F.log_softmax(round_to(z, get_format(fmt)), -1).gather(1, tok)
+    exact = E.log_softmax(z, _FP32).gather(1, tok)
+    rounded = E.log_softmax(round_to(z, get_format(fmt)), _FP32).gather(1, tok)
     return (exact - rounded).squeeze(1)
 
 
@@ -500,9 +888,9 @@ def beta_by_offset(policy_cfg: PolicyConfig, offsets: Sequence[float], seed: int
         with torch.no_grad():
             beta = (sequence_logprobs(policy, rollout, trainer)
                     - sequence_logprobs(policy, rollout, engine))[rollout.mask]
-        out["full"][i] = float(beta.abs().mean())
-        out["beyond"][i] = float((beta.abs() > 0.2).float().mean())
-        out["logits_only"][i] = float(logit_rounding_beta(policy, rollout, engine).abs().mean())
+        out["full"][i] = fmean(beta.abs())
+        out["beyond"][i] = fmean(beta.abs() > 0.2)
+        out["logits_only"][i] = fmean(logit_rounding_beta(policy, rollout, _FMT[engine]).abs())
     return out
 
 
@@ -524,6 +912,7 @@ class RunConfig:
     ratio_mode: str = "actual"
     weight_mode: str = "ppo"
     staleness: int = 1  # optimizer steps between the engine's weights and the trainer's
+    backend: str = "emulated"  # "native": torch's own kernels for the forwards and Adam
 
     def __post_init__(self):
         _check_choice(self.trainer, "trainer precision", PRECISIONS)
@@ -531,6 +920,7 @@ class RunConfig:
         _check_choice(self.master, "master precision", MASTER_PRECISIONS)
         _check_choice(self.ratio_mode, "ratio_mode", RATIO_MODES)
         _check_choice(self.weight_mode, "weight_mode", WEIGHT_MODES)
+        _check_choice(self.backend, "backend", BACKENDS)
         _check_positive(self.lr, "lr")
         _check_positive(self.eps_low, "eps_low")
         _check_positive(self.eps_high, "eps_high")
@@ -551,6 +941,8 @@ class RunConfig:
             parts.append(self.weight_mode.replace("_", " "))
         if (self.eps_low, self.eps_high) != (0.2, 0.2):
             parts.append(f"eps {self.eps_low:g}/{self.eps_high:g}")
+        if self.backend != "emulated":
+            parts.append(f"{self.backend} kernels")
         return ", ".join(parts)
 
 
@@ -582,25 +974,41 @@ class RunLog:
     policy: Policy | None = None  # the trained policy
 
     def final_reward(self, last: int = 10) -> float:
-        """Mean batch reward over the last `last` steps."""
-        return float(self.reward[-last:].mean())
+        """Mean batch reward over the last `last` steps (float64, fixed-order sum)."""
+        return fmean(self.reward[-last:])
 
     def steps_to(self, reward: float, window: int = 5) -> int | None:
         """First step at which the `window`-step moving average of the reward reaches `reward` (None: never)."""
-        avg = np.convolve(self.reward, np.ones(window) / window, mode="valid")
-        hit = np.nonzero(avg >= reward)[0]
+        # Window sums by explicit adds in a fixed order (np.convolve may vectorise them).
+        r = np.asarray(self.reward, dtype=np.float64)
+        n = len(r) - window + 1
+        if n < 1:
+            return None
+        total = np.zeros(n)
+        for k in range(window):
+            total = total + r[k:k + n]
+        hit = np.nonzero(total >= reward * window)[0]
         return int(hit[0]) + window - 1 if hit.size else None
 
 
 def _start(policy_cfg: PolicyConfig, run: RunConfig, seed: int):
     policy = Policy(policy_cfg, torch.Generator().manual_seed(seed))
-    if run.master != "fp32":
-        # True low-precision weights: Adam's updates are computed and added in bf16.
-        for p in policy.parameters():
-            p.data = p.data.to(_DTYPE[run.master])
+    if run.backend == "native":
+        if run.master != "fp32":
+            # True low-precision weights: Adam's updates are computed and added in bf16.
+            for p in policy.parameters():
+                p.data = p.data.to(_DTYPE[run.master])
+        # foreach=False keeps bf16 weights updated in bf16.
+        opt = torch.optim.Adam(policy.parameters(), lr=run.lr, foreach=False)
+        return policy, opt, Engine(policy, run.engine, "native")
+    master = E.Precision(_FMT[run.master])
+    with torch.no_grad():
+        for p in policy.parameters():  # weights stored in the master format (float32 tensors)
+            p.copy_(master.round(p))
     # Adam's step is about lr per weight whatever the gradient's size, so chapter 1's
-    # boundary-crossing arithmetic applies; foreach=False keeps bf16 weights updated in bf16.
-    opt = torch.optim.Adam(policy.parameters(), lr=run.lr, foreach=False)
+    # boundary-crossing arithmetic applies. emulate.Adam: float64 inside, m, v and the
+    # weights stored in the master format, the same bits on every machine.
+    opt = E.Adam(policy.parameters(), lr=run.lr, prec=master)
     return policy, opt, Engine(policy, run.engine)
 
 
@@ -617,9 +1025,17 @@ def _train(policy_cfg: PolicyConfig, run: RunConfig, seed: int, tick, record=(),
         if step in gradients:
             reports[step] = gradient_report(policy, rollout, run)
         adv = group_advantages(rollout.rewards, run.group_size)
-        logp = sequence_logprobs(policy, rollout, run.trainer)
+        logp = sequence_logprobs(policy, rollout, run.trainer, run.backend)
         with torch.no_grad():
-            shadow = sequence_logprobs(policy, rollout, run.engine)
+            if run.staleness and run.backend == "emulated":
+                # The engine was just synced to fl(W_k): its weights are the shadow's.
+                prompt, prev, pos = (x[rollout.mask] for x in rollout.inputs(policy.bos))
+                lp = _fused_logprobs(policy, prompt, prev, pos, run.engine,
+                                     engine.kernel_weights())
+                picked = lp.gather(-1, rollout.tokens[rollout.mask][:, None]).squeeze(-1)
+                shadow = torch.zeros(rollout.tokens.shape).masked_scatter(rollout.mask, picked)
+            else:
+                shadow = sequence_logprobs(policy, rollout, run.engine, run.backend)
         alpha, beta = log_ratio_split(logp.detach(), shadow, rollout.old_logp)
         loss = surrogate_loss(logp, rollout.old_logp, adv, rollout.mask, run.eps_low,
                               run.eps_high, run.ratio_mode, run.weight_mode, shadow)
@@ -629,27 +1045,27 @@ def _train(policy_cfg: PolicyConfig, run: RunConfig, seed: int, tick, record=(),
         if not run.staleness:
             log["changed"][step] = engine.sync(policy)
         with torch.no_grad():
-            after = sequence_logprobs(policy, rollout, run.engine)
+            after = sequence_logprobs(policy, rollout, run.engine, run.backend)
         m = rollout.mask
         a_tok = adv[:, None].expand_as(m)
         used = {"actual": alpha + beta, "shadow": alpha, "one": torch.zeros_like(alpha)}
-        dead = clipped(torch.exp(used[run.ratio_mode]), a_tok, run.eps_low, run.eps_high)
+        dead = clipped(_exp(used[run.ratio_mode]), a_tok, run.eps_low, run.eps_high)
         if run.weight_mode != "ppo":
             dead = torch.zeros_like(dead)  # detached weights have no zero-gradient branch
         cls = classify_clipping(alpha, beta, a_tok, run.eps_low, run.eps_high)[m]
         delta = (after - shadow)[m]
-        log["reward"][step] = float(rollout.rewards.mean())
-        log["clip"][step] = float(dead[m].float().mean())
-        log["phantom"][step] = float((cls == 1).float().mean())
-        log["legitimate"][step] = float((cls == 2).float().mean())
-        log["alpha_abs"][step] = float(alpha[m].abs().mean())
-        log["beta_abs"][step] = float(beta[m].abs().mean())
-        log["beta_mean"][step] = float(beta[m].mean())
-        log["beta_std"][step] = float(beta[m].std()) if m.sum() > 1 else 0.0
-        log["deployed"][step] = float((delta * torch.sign(a_tok[m])).mean())
-        log["moved"][step] = float(delta.abs().mean())
-        a = alpha[m]
-        log["kl"][step] = float((torch.exp(a) - 1 - a).mean())
+        log["reward"][step] = fmean(rollout.rewards)
+        log["clip"][step] = fmean(dead[m])
+        log["phantom"][step] = fmean(cls == 1)
+        log["legitimate"][step] = fmean(cls == 2)
+        log["alpha_abs"][step] = fmean(alpha[m].abs())
+        log["beta_abs"][step] = fmean(beta[m].abs())
+        log["beta_mean"][step] = fmean(beta[m])
+        log["beta_std"][step] = fstd(beta[m])
+        log["deployed"][step] = fmean(delta * torch.sign(a_tok[m]))
+        log["moved"][step] = fmean(delta.abs())
+        a = alpha[m].to(torch.float64)
+        log["kl"][step] = fmean(E.exp64(a) - 1 - a)
         if step in record:
             snapshots[step] = {
                 "alpha": alpha[m].numpy().copy(), "beta": beta[m].numpy().copy(),
@@ -691,6 +1107,28 @@ def train_many(policy_cfg: PolicyConfig, runs: Mapping[str, RunConfig], seed: in
         for name, run in runs.items():
             bar.set_postfix_str(name, refresh=False)
             out[name] = _train(policy_cfg, run, seed, lambda _r: bar.update(), record, gradients)
+    return out
+
+
+def train_seeds(policy_cfg: PolicyConfig, runs: Mapping[str, RunConfig], seeds: Sequence[int],
+                progress: bool = True, desc: str = "seeds", record: Sequence[int] = (),
+                gradients: Sequence[int] = ()) -> dict[int, dict[str, RunLog]]:
+    """`train_many` for each seed (seed -> name -> RunLog), one progress bar: for results that are chaotic in the seed.
+
+    record, gradients: as in `train`, for the first seed only.
+    """
+    from tqdm.auto import tqdm
+
+    out: dict[int, dict[str, RunLog]] = {}
+    total = len(seeds) * sum(r.steps for r in runs.values())
+    with tqdm(total=total, desc=desc, disable=not progress) as bar:
+        for seed in seeds:
+            out[seed] = {}
+            for name, run in runs.items():
+                bar.set_postfix_str(f"seed {seed}, {name}", refresh=False)
+                first = seed == seeds[0]
+                out[seed][name] = _train(policy_cfg, run, seed, lambda _r: bar.update(),
+                                         record if first else (), gradients if first else ())
     return out
 
 

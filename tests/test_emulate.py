@@ -334,6 +334,9 @@ _PROGRAM = textwrap.dedent("""
             loss.backward()
             opt.step()
             out += [loss.detach(), w1.detach().clone(), w2.detach().clone(), em.exp(lp, P).detach()]
+    from precisionlab import updates  # chapter 1's least-squares training (NumPy, float64)
+    for r in updates.train_master_vs_lowprec(steps=40, seed=0, policies=updates.POLICIES).values():
+        out += [torch.from_numpy(r.loss), torch.from_numpy(r.changed)]
     print(hashlib.sha256(b"".join(t.numpy().tobytes() for t in out)).hexdigest())
 """)
 
@@ -342,7 +345,8 @@ _CONFIGS = {
     "ATEN default": {"ATEN_CPU_CAPABILITY": "default"},
     "AVX2 caps": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
                   "ONEDNN_MAX_CPU_ISA": "AVX2"},
-    "1 thread": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+    "1 thread": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+    "old OpenBLAS kernels": {"OPENBLAS_CORETYPE": "Prescott"},
     "generic numba CPU, cold cache": {"NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": "{tmp}"},
 }
 

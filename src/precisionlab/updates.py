@@ -9,6 +9,7 @@ small least-squares model under different weight-storage policies
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -359,11 +360,19 @@ class TrainingRun:
         return float(self.loss[-1])
 
 
+def _ordered_matvec(a: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """(a @ v) in float64 summed in the fixed order j = 0..len(v)-1, one IEEE op at a time (no BLAS)."""
+    acc = a[:, 0] * v[0]
+    for j in range(1, v.shape[0]):
+        acc = acc + a[:, j] * v[j]
+    return acc
+
+
 def _least_squares_problem(n: int, d: int, seed: int):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, d))
     w_true = rng.standard_normal(d)
-    y = x @ w_true + 1e-3 * rng.standard_normal(n)
+    y = _ordered_matvec(x, w_true) + 1e-3 * rng.standard_normal(n)
     w0 = w_true + 0.5 * rng.standard_normal(d)
     return x, y, w0
 
@@ -386,6 +395,7 @@ def train_master_vs_lowprec(steps: int = 300, lr: float = 0.05, optimizer: str =
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
     x, y, w_init = _least_squares_problem(n, d, seed)
+    x_cols = np.ascontiguousarray(x.T).T  # column j contiguous: X w sums columns in order
     runs = {}
     for policy in policies:
         rng = np.random.default_rng([seed, POLICIES.index(policy)])
@@ -400,11 +410,11 @@ def train_master_vs_lowprec(steps: int = 300, lr: float = 0.05, optimizer: str =
         changed = np.empty(steps)
         used = w if policy == "fp32" or stored_in_fmt else round_to(w, fmt)
         for k in range(steps + 1):
-            r = x @ used.astype(np.float64) - y
-            losses[k] = r @ r / (2 * n)
+            r = _ordered_matvec(x_cols, used.astype(np.float64)) - y
+            losses[k] = math.fsum(r * r) / (2 * n)
             if k == steps:
                 break
-            g = (x.T @ r / n).astype(np.float32)
+            g = (_ordered_matvec(x.T, r) / n).astype(np.float32)  # rows of X in order
             if optimizer == "sgd":
                 upd = -np.float32(lr) * g
             else:  # Adam with the usual defaults, bias-corrected

@@ -21,9 +21,12 @@ from hypothesis import strategies as st
 from oracles import fraction_round
 
 from precisionlab.gpu import (
+    OPERAND_FEEDS,
     TENSOR_CORE_MODELS,
     block_fma,
+    describe,
     get_tensor_core_model,
+    matmul,
     tensor_core_matmul,
 )
 from precisionlab.gpu.tensorcore import TensorCoreModel
@@ -205,3 +208,88 @@ def test_registry_and_errors():
         block_fma([0.1], [1.0], 0.0)
     with pytest.raises(ValueError, match="valid choices: float32, float16"):
         block_fma([1.0], [1.0], 0.0, out="bfloat16")
+
+
+# --------------------------------------------------------------------------- float32 words fed to tf32
+
+
+BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))  # 1 - 2^-24, as the C test builds it
+
+
+def top19(x) -> np.ndarray:
+    """Independent oracle: keep a float32 word's sign, exponent and top 10 fraction bits (mask)."""
+    words = np.asarray(x, dtype=np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return words.view(np.float32).astype(np.float64)
+
+
+def test_a100_tf32_test_with_raw_float32_operands():
+    """Fasi et al., A100 tf32 program, "products are computed exactly": a = b = 1 - 2^-24 (float32).
+
+    Its pass conditions are (1 - 2^-10 + 2^-22) for one product and four times that for four:
+    the hardware read only the top 19 bits of each word, 1 - 2^-11. Software conversion by
+    cvt.rna (nearest, ties away) would have turned the operands into 1.0 and given 1 and 4.
+    """
+    assert BELOW_ONE == 1 - 2.0**-24 and top19(BELOW_ONE) == 1 - 2.0**-11
+    one = 1 - 2.0**-10 + 2.0**-22  # the published pass value
+    assert Fraction(one) == Fraction(top19(BELOW_ONE).item()) ** 2
+    a1 = np.array([BELOW_ONE, 0, 0, 0])
+    a4 = np.full(4, BELOW_ONE)
+    assert block_fma(a1, a1, 0.0, "A100", "tf32", operands="raw") == one
+    assert block_fma(a4, a4, 0.0, "A100", "tf32", operands="raw") == 4 * one
+    assert f"{one:.5f}" == "0.99902" and f"{4 * one:.5f}" == "3.99609"
+    # The same operands converted by software first: the hardware answer is not reproduced.
+    assert block_fma(a1, a1, 0.0, "A100", "tf32", operands="converted") == 1.0
+    assert block_fma(a4, a4, 0.0, "A100", "tf32", operands="converted") == 4.0
+    assert fraction_round(BELOW_ONE, "tf32", "nearest_away") == 1.0  # cvt.rna's answer
+    # Whole matrices: the bit-level matmul and the idealised profiles tell the same story.
+    A, B = a4[None, :], a4[:, None]
+    assert tensor_core_matmul(A, B, model="A100", inputs="tf32", operands="raw")[0, 0] == 4 * one
+    assert tensor_core_matmul(A, B, model="A100", inputs="tf32")[0, 0] == 4.0
+    assert matmul(A, B, "tf32-raw")[0, 0] == 4 * one
+    assert matmul(A, B, "tf32")[0, 0] == 4.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-2.0**100,
+                 max_value=2.0**100))
+def test_raw_and_converted_tf32_operands_against_bit_level_oracles(x):
+    """One product x·1: 'raw' keeps the masked word, 'converted' the nearest-away tf32 value."""
+    raw = block_fma([x], [1.0], 0.0, "A100", "tf32", operands="raw")
+    assert Fraction(float(raw)) == Fraction(top19(x).item())
+    conv = block_fma([x], [1.0], 0.0, "A100", "tf32", operands="converted")
+    want = fraction_round(x, "tf32", "nearest_away")
+    assert float(conv) == want
+    if x == float(top19(x)):  # already a tf32 value: every feed agrees
+        assert raw == conv == block_fma([x], [1.0], 0.0, "A100", "tf32")
+
+
+def test_profiles_name_their_tf32_operand_conversion():
+    assert "cvt.rna" in describe("tf32") and "tf32 (nearest_away)" in describe("tf32")
+    assert "truncation" in describe("tf32-raw") and "tf32 (toward_zero)" in describe("tf32-raw")
+    assert "stored as  float32" in describe("tf32-raw")
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: block_fma(ONE, ONE, 0.0, inputs="float32"),
+     ["inputs='float32'", "V100", "valid choices: float16"]),
+    (lambda: block_fma(ONE, ONE, 0.0, "V100", inputs="bfloat16"),
+     ["inputs='bfloat16'", "V100", "valid choices: float16"]),
+    (lambda: block_fma(ONE, ONE, 0.0, "T4", inputs="tf32"),
+     ["inputs='tf32'", "T4", "valid choices: float16"]),
+    (lambda: block_fma(ONE, ONE, 0.0, "A100", inputs="float8_e4m3fn"),
+     ["inputs='float8_e4m3fn'", "valid choices: float16, bfloat16, tf32"]),
+    (lambda: block_fma(ONE, ONE, 0.0, "A100", "tf32", operands="rna"),
+     ["operands", "'rna'", "valid choices: " + ", ".join(OPERAND_FEEDS)]),
+    (lambda: block_fma(ONE, ONE, 0.0, "A100", "float16", operands="raw"),
+     ["operands='raw'", "inputs='float16'", "exact, converted"]),
+    (lambda: block_fma([0.1], [1.0], 0.0, "A100", "tf32", operands="raw"),
+     ["a must hold float32 values", "float32 words"]),
+    (lambda: tensor_core_matmul(np.ones((2, 4)), np.ones((4, 2)), inputs="bfloat16"),
+     ["inputs='bfloat16'", "valid choices: float16"]),
+    (lambda: tensor_core_matmul(np.ones((2, 4)), np.ones((4, 2)), model="A100", operands="raw"),
+     ["operands='raw'", "inputs='float16'"]),
+])
+def test_bad_tensor_core_arguments_name_parameter_value_and_choices(call, words):
+    with pytest.raises(ValueError) as err:
+        call()
+    assert all(w in str(err.value) for w in words), str(err.value)

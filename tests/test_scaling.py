@@ -347,27 +347,65 @@ def test_other_bad_inputs():
 # --------------------------------------------------------------------------- helpers, figures, widgets
 
 
+class _NumpySGD(torch.optim.Optimizer):
+    """Oracle optimizer that shares no code with the package: p <- fl32(p - lr·g), in NumPy float64."""
+
+    def __init__(self, params, lr: float):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                new = p.numpy().astype(np.float64) - group["lr"] * p.grad.numpy().astype(np.float64)
+                p.copy_(torch.from_numpy(new.astype(np.float32)))
+
+
+def _gradscaler_params_by_step(steps: int, growth_interval: int, p_bad: float, seed: int,
+                               width: int = 8) -> np.ndarray:
+    """torch.amp.GradScaler driving _NumpySGD on the raw gradients compare_with_gradscaler documents."""
+    rng = np.random.default_rng(seed)  # the same draws, in the same order, as the package's
+    raw = rng.standard_normal((steps, width)).astype(np.float32)
+    bad = np.flatnonzero(rng.random(steps) < p_bad)
+    raw[bad, rng.integers(0, width, bad.size)] = rng.choice([np.inf, -np.inf, np.nan], bad.size)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=growth_interval)
+    p = torch.nn.Parameter(torch.ones(width))
+    opt = _NumpySGD([p], lr=1e-3)
+    out = np.empty((steps, width), dtype=np.float32)
+    for i in range(steps):
+        p.grad = scaler.scale(torch.from_numpy(raw[i]))
+        scaler.step(opt)
+        scaler.update()
+        out[i] = p.detach().numpy()
+    return out
+
+
 def test_compare_with_gradscaler_reports_identical_runs():
     from precisionlab.scaling import compare_with_gradscaler
 
     r = compare_with_gradscaler(steps=300, growth_interval=3, p_bad=0.05, seed=4)
-    # Check the records themselves, not only the package's own `identical` flag.
+    # The parameters after EVERY step against GradScaler run here, with an optimizer of the
+    # test's own: neither the package's `identical` flag nor its reference run is trusted.
+    oracle = _gradscaler_params_by_step(300, 3, 0.05, 4)
+    ours, reference = r.params
+    assert ours.shape == (300, 8)
+    for i in range(300):
+        assert np.array_equal(ours[i], oracle[i], equal_nan=True), f"step {i}"
+    assert np.array_equal(reference, oracle, equal_nan=True)
     assert np.array_equal(r.ours.scale, r.reference.scale)
     assert np.array_equal(r.ours.skipped, r.reference.skipped)
     assert np.array_equal(*r.trackers)
-    a, b = r.params
-    assert a.shape == (300, 8) and np.array_equal(a, b, equal_nan=True)
-    assert r.identical and r.injected.size > 0
-    assert set(r.injected) <= set(r.ours.skipped_steps)
+    assert r.injected.size > 0 and set(r.injected) <= set(r.ours.skipped_steps)
     # The parameters change exactly at the steps that were not skipped.
-    moved = np.any(np.diff(np.vstack([np.ones((1, 8), np.float32), a]), axis=0) != 0, axis=1)
+    moved = np.any(np.diff(np.vstack([np.ones((1, 8), np.float32), oracle]), axis=0) != 0, axis=1)
     assert np.array_equal(moved, ~r.ours.skipped)
-    # A run that differs in one step is not reported identical.
+    # The flag agrees with the records, and a run that differs in one step is not identical.
     from dataclasses import replace
 
-    tampered = a.copy()
+    assert r.identical
+    tampered = ours.copy()
     tampered[150, 0] = np.nextafter(tampered[150, 0], np.float32(2))
-    assert not replace(r, params=(tampered, b)).identical
+    assert not replace(r, params=(tampered, reference)).identical
 
 
 def test_gradient_stream_shape_and_validation():
@@ -396,10 +434,12 @@ def test_scaling_figures_and_widgets(capsys):
     assert ax.get_lines()[0].get_ydata().tolist() == [1.0, 0.5, 0.25]
     panel, fig = widgets.scaling_view(growth_interval=50, spike_rate=0.01)
     assert "skipped steps (overflow):" in panel.text and len(fig.axes) == 2
-    box = widgets.scaling_explorer()
-    assert isinstance(box, ipywidgets.HBox) and "growth_interval = 50" in capsys.readouterr().out
-    box.children[0].value = 10
-    assert "growth_interval = 10" in capsys.readouterr().out
+    explorer = widgets.scaling_explorer()
+    assert "growth_interval = 50" in explorer.default_panel.text
+    box = explorer.widget()
+    assert isinstance(box, ipywidgets.VBox)
+    explorer.controls["growth_interval"].value = 10
+    assert "growth_interval = 10" in box.children[1].value
     with pytest.raises(ValueError, match="growth_interval"):
         widgets.scaling_view(growth_interval=0)
     plt.close("all")
@@ -460,6 +500,28 @@ def test_update_scale_validates_its_arguments(kwargs, match):
     args = {"scale": 65536.0, "growth_tracker": 0, "found_inf": False, **kwargs}
     with pytest.raises(ValueError, match=match):
         update_scale(**args)
+
+
+def test_update_scale_defaults_behave_like_a_default_gradscaler():
+    """2100 steps of a GradScaler built with no arguments against update_scale called with none.
+
+    The oracle is torch's object itself (its signature and its behaviour), not the package's
+    GRADSCALER_DEFAULTS: a changed default growth_factor (say 4.0) gives another scale at step
+    2000; a changed backoff_factor another one after the overflow at step 2050.
+    """
+    scaler = torch.amp.GradScaler("cpu")
+    p = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([p], lr=0.0)
+    scale, tracker = scaler.get_scale(), 0  # update_scale has no initial scale of its own
+    for i in range(2100):
+        assert scale == scaler.get_scale(), f"step {i}"
+        bad = i == 2050
+        p.grad = scaler.scale(torch.tensor([math.inf if bad else 1.0]))
+        scaler.step(opt)
+        scaler.update()
+        scale, tracker = update_scale(scale, tracker, bad)
+    assert scale == scaler.get_scale() == 65536.0  # grew to 2^17 at 2000, halved at 2050
+    assert scaler.get_growth_factor() == inspect.signature(update_scale).parameters["growth_factor"].default
 
 
 def test_update_scale_defaults_are_gradscalers():

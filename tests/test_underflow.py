@@ -172,17 +172,53 @@ def test_probe_matches_float64_backprop_by_hand():
     assert got.loss == pytest.approx(np.mean((hs[-1] - t.double().numpy()) ** 2), rel=1e-5)
 
 
+def _float16_signal_zero_fractions(net: AttenuatingNet, x, t) -> np.ndarray:
+    """Oracle for the float16 backward pass, in NumPy: per depth, the fraction of exact zeros in dL/dh.
+
+    The entering gradient 2(h - t)/N is rounded once to float16; each layer's input gradient is
+    g W with exact float32 products added in k order in float32 (no FMA), then rounded to
+    float16 by NumPy's cast. Shares with the package only the forward output h and the weights.
+    """
+    with torch.no_grad():
+        h = net(x).double().numpy()
+    delta = (2 * (h - t.double().numpy()) / h.size).astype(np.float16)
+    fractions = []
+    for lin in reversed(net.layers):
+        fractions.append(float(np.mean(delta == 0)))
+        d32 = delta.astype(np.float32)
+        w32 = lin.weight.detach().numpy().astype(np.float32)
+        acc = np.zeros((d32.shape[0], w32.shape[1]), np.float32)
+        for k in range(w32.shape[0]):
+            acc = acc + d32[:, k:k + 1] * w32[k:k + 1, :]
+        delta = acc.astype(np.float16)
+    return np.array(fractions)
+
+
+def _first_depth_below_half_q(g0: float, a: float) -> int:
+    """Oracle for the model: smallest k with g0·a^k <= 2^-25 (float16's q/2), by exact rationals."""
+    k, g = 0, Fraction(g0)
+    while g > Fraction(2) ** -25:
+        g *= Fraction(a)
+        k += 1
+    return k
+
+
 @pytest.mark.parametrize("attenuation", [0.7, 0.75, 0.8, 0.82])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_model_predicts_the_float16_networks_underflow_depth(attenuation, seed):
-    """The done-when criterion: within one layer of the real float16 network."""
+    """Both depths exactly, each against its own oracle; then the claim relating them."""
     nets = {f: AttenuatingNet(100, 64, attenuation, f, seed) for f in ("float32", "float16")}
-    probes = {f: probe_gradients(n, *make_batch(64, 16, f, seed)) for f, n in nets.items()}
+    batches = {f: make_batch(64, 16, f, seed) for f in nets}
+    probes = {f: probe_gradients(n, *batches[f]) for f, n in nets.items()}
     predicted = predicted_underflow_depth(probes["float32"], attenuation, "float16")
     measured = measured_underflow_depth(probes["float16"])
-    assert predicted is not None and measured is not None
+    g0 = fit_g0(probes["float32"], attenuation)
+    assert predicted == _first_depth_below_half_q(g0, attenuation)
+    zeros = _float16_signal_zero_fractions(nets["float16"], *batches["float16"])
+    np.testing.assert_array_equal(probes["float16"].signal.zero_fraction, zeros)
+    assert measured == int(np.flatnonzero(zeros >= 0.5)[0])
     # The chapter's claim: the network underflows at the model's depth or one layer later,
-    # never earlier (a -1 shift would be a different finding, so it must fail here).
+    # never earlier.
     assert 0 <= measured - predicted <= 1
     assert measured_underflow_depth(probes["float32"]) is None
 
@@ -377,15 +413,15 @@ def test_underflow_view_and_explorer(capsys):
     assert len(fig.axes) == 1
     panel, _ = widgets.underflow_view(0.82, 96, "float16", network=True)
     assert "network, first depth with >= half zeros in dL/dh : 57" in panel.text
-    box = widgets.underflow_explorer()
-    assert "88" in capsys.readouterr().out and isinstance(box, ipywidgets.VBox)
-    a_box = box.children[0].children[0]
-    a_box.value = 0.7  # the callback redraws
-    assert "model, first depth rounds to exactly 0         : 49" in capsys.readouterr().out
-    net_box = box.children[1].children[1]
-    box.children[0].children[2].value = "float8_e5m2"
-    net_box.value = True  # e5m2 has no real network: reported, not raised
-    assert "network runs only in" in capsys.readouterr().out
+    explorer = widgets.underflow_explorer()
+    assert "88" in explorer.default_panel.text
+    box = explorer.widget()
+    assert isinstance(box, ipywidgets.VBox)
+    explorer.controls["attenuation"].value = 0.7  # the callback redraws
+    assert "model, first depth rounds to exactly 0         : 49" in box.children[1].value
+    # e5m2 has no real network: the view says so instead of drawing
+    with pytest.raises(ValueError, match="network runs only in"):
+        widgets.underflow_view(fmt="float8_e5m2", network=True)
     for kwargs, match in [({"attenuation": 1.2}, "attenuation"), ({"depth": 1}, "depth"),
                           ({"g0": -1.0}, "g0"), ({"fmt": "fp7"}, "valid choices")]:
         with pytest.raises(ValueError, match=match):

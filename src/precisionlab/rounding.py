@@ -587,7 +587,8 @@ def rounding_trace(x: float, fmt, mode: str = "nearest_even") -> RoundingTrace:
     fmt = get_format(fmt)
     code = _mode_code(mode)
     if code == _STOCHASTIC:
-        raise ValueError("rounding_trace shows the deterministic modes; stochastic draws its increment")
+        raise ValueError(f"rounding_trace shows a fixed increment, which stochastic rounding draws at "
+                         f"random; got mode={mode!r}; valid choices: {', '.join(DETERMINISTIC_MODES)}")
     a = np.float32(x)
     word = int(np.array(a).view(np.uint32))
     mag, neg = word & 0x7FFFFFFF, word >> 31

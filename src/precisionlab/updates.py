@@ -353,6 +353,8 @@ class TrainingRun:
     policy: str
     loss: np.ndarray  # shape (steps + 1,)
     changed: np.ndarray  # shape (steps,): fraction of the weights the forward pass uses that changed
+    weights: np.ndarray | None = None  # after the last step: the weights the forward pass uses
+    grad: np.ndarray | None = None  # float32 gradient of L at those weights (the next step's input)
 
     @property
     def final_loss(self) -> float:
@@ -412,9 +414,9 @@ def train_master_vs_lowprec(steps: int = 300, lr: float = 0.05, optimizer: str =
         for k in range(steps + 1):
             r = _ordered_matvec(x_cols, used.astype(np.float64)) - y
             losses[k] = math.fsum(r * r) / (2 * n)
+            g = (_ordered_matvec(x.T, r) / n).astype(np.float32)  # rows of X in order
             if k == steps:
                 break
-            g = (_ordered_matvec(x.T, r) / n).astype(np.float32)  # rows of X in order
             if optimizer == "sgd":
                 upd = -np.float32(lr) * g
             else:  # Adam with the usual defaults, bias-corrected
@@ -429,6 +431,6 @@ def train_master_vs_lowprec(steps: int = 300, lr: float = 0.05, optimizer: str =
             new_used = w_new if policy == "fp32" or stored_in_fmt else round_to(w_new, fmt)
             changed[k] = np.mean(new_used != used)
             w, used = w_new, new_used
-        runs[policy] = TrainingRun(policy, losses, changed)
+        runs[policy] = TrainingRun(policy, losses, changed, used.astype(np.float64), g)
     return runs
 

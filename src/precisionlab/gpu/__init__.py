@@ -18,6 +18,7 @@ from .profiles import PROFILE_NAMES, PROFILES, DeviceProfile, describe, get_prof
 from .reductions import DETERMINISTIC_ORDERS, ORDERS, atomic_orders, exact_sum, reduce_sum
 from .solvers import SolveResult, iterations_to_reach, jacobi_solve
 from .tensorcore import (
+    OPERAND_FEEDS,
     TENSOR_CORE_MODELS,
     TensorCoreModel,
     block_fma,
@@ -27,6 +28,7 @@ from .tensorcore import (
 
 __all__ = [
     "DETERMINISTIC_ORDERS",
+    "OPERAND_FEEDS",
     "ORDERS",
     "PROFILES",
     "PROFILE_NAMES",

@@ -30,10 +30,12 @@ def _as_matrix(x, name: str) -> np.ndarray:
 
 
 def round_operands(a, profile: str | DeviceProfile) -> np.ndarray:
-    """fl_in(a): the operand as the profile's tensor cores see it (float64 array)."""
+    """fl_in(a) (after fl_stored(a) when the profile stores operands first): what the tensor cores see (float64)."""
     p = get_profile(profile)
-    return np.asarray(round_to(np.ascontiguousarray(np.asarray(a, dtype=np.float64)), p.inputs,
-                               p.input_mode, saturate=p.saturate), dtype=np.float64)
+    a = np.ascontiguousarray(np.asarray(a, dtype=np.float64))
+    if p.stored_as is not None:  # e.g. a float32 tensor: its words are what the hardware reads
+        a = np.asarray(round_to(a, p.stored_as), dtype=np.float64)
+    return np.asarray(round_to(a, p.inputs, p.input_mode, saturate=p.saturate), dtype=np.float64)
 
 
 def matmul(a, b, profile: str | DeviceProfile = "fp32", *, splits: int = 1,

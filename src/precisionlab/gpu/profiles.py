@@ -56,6 +56,7 @@ class DeviceProfile:
     promote_every: int | None = None  # products per partial before it joins `promote_to`
     promote_to: str = "float32"
     sources: str = ""  # bibliography keys
+    stored_as: str | None = None  # operands first stored in this format (nearest-even), e.g. float32 tensors
 
     def __post_init__(self):
         for mode in (self.input_mode, self.acc_mode):
@@ -76,10 +77,16 @@ PROFILES: dict[str, DeviceProfile] = {
         DeviceProfile("fp32", "float32 fused multiply-adds on CUDA cores (TF32 disabled)",
                       "float32", "nearest_even", "float32", "nearest_even", "float32",
                       sources="higham2002accuracy"),
-        DeviceProfile("tf32", "float32 tensors on tensor cores with TF32 enabled: operands "
-                      "rounded to tf32 (10-bit fraction), float32 accumulation",
+        DeviceProfile("tf32", "float32 tensors on tensor cores with TF32 enabled, operands "
+                      "converted by software (cvt.rna: nearest, ties away) to tf32 (10-bit "
+                      "fraction), float32 accumulation",
                       "tf32", "nearest_away", "float32", "nearest_even", "float32",
                       sources="nvidia_ptx_isa,fasi2021tensorcores"),
+        DeviceProfile("tf32-raw", "raw float32 words fed to tf32 tensor cores: the hardware "
+                      "reads their top 19 bits (truncation, as in Fasi et al.'s A100 test), "
+                      "float32 accumulation",
+                      "tf32", "toward_zero", "float32", "nearest_even", "float32",
+                      sources="fasi2021tensorcores", stored_as="float32"),
         DeviceProfile("bf16", "bfloat16 autocast: bfloat16 operands, float32 accumulation, "
                       "bfloat16 result", "bfloat16", "nearest_even", "float32", "nearest_even",
                       "bfloat16", sources="kalamkar2019bfloat16"),
@@ -124,6 +131,7 @@ def describe(profile: str | DeviceProfile) -> str:
     acc = p.accumulator_format
     lines = [
         *textwrap.wrap(f"{p.name}: {p.description}", width=72, subsequent_indent="  "),
+        *([f"  stored as  {p.stored_as}"] if p.stored_as else []),
         f"  operands   -> {p.inputs} ({p.input_mode}{', saturating' if p.saturate else ''})",
         "  products   exact",
         f"  accumulate in {acc.name} ({acc.precision}-bit significand, {p.acc_mode})",

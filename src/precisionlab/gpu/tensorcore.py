@@ -20,6 +20,12 @@ from the largest term whatever its position, tiny terms vanish next to a large o
 float32 could hold their sum, and the dot product is not monotonic (a larger c can give a
 smaller d). Khattak and Mikaitis (2025) extend such models, bit-accurately, to H100 and B200
 with wider blocks; `TensorCoreModel` takes the block size, g and carry bits as parameters.
+
+How float32 data reach a tf32 tensor core is a separate choice (`operands`): software can
+convert each value first with cvt.rna.tf32.f32 (round to nearest, ties away), or hand the
+raw float32 words to the hardware, which reads only their top 19 bits (truncation toward
+zero). Fasi et al.'s A100 tf32 test feeds raw words: (1 - 2^-24)^2 comes out as
+(1 - 2^-11)^2 = 0.99902..., where converted operands give 1.0.
 """
 
 from __future__ import annotations
@@ -28,11 +34,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checks import check_choice
 from ..formats import get_format
 from ..rounding import round_to
 from .profiles import lookup
 
 __all__ = [
+    "OPERAND_FEEDS",
     "TENSOR_CORE_MODELS",
     "TensorCoreModel",
     "block_fma",
@@ -42,6 +50,11 @@ __all__ = [
 
 _ACC_PRECISION = 24  # float32 significand bits: the accumulator every measured generation uses
 _OUTPUTS = ("float32", "float16")
+_INPUTS = ("float16", "bfloat16", "tf32")
+# How a and b reach the tensor core: "exact" (already values of the input format), "converted"
+# (rounded by software first: cvt.rna for tf32, round-to-nearest-even for float16/bfloat16) or
+# "raw" (float32 words loaded unconverted into tf32 fragments: the hardware truncates them).
+OPERAND_FEEDS: tuple[str, ...] = ("exact", "converted", "raw")
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,7 @@ class TensorCoreModel:
     align_bits: int
     carry_bits: int
     description: str
+    inputs: tuple[str, ...] = _INPUTS  # operand formats this generation's tensor cores take
 
     def __post_init__(self):
         # c and B products, each below 2^(e_max + 1), sum to less than (B + 1) 2^(e_max + 1):
@@ -65,15 +79,17 @@ class TensorCoreModel:
                 f"{self.block}-product blocks need at least {(self.block).bit_length()} carry bits "
                 f"to hold their sum; got carry_bits={self.carry_bits}"
             )
+        for f in self.inputs:
+            check_choice(f, "tensor-core input format", _INPUTS)
 
 
 TENSOR_CORE_MODELS: dict[str, TensorCoreModel] = {
     m.name: m
     for m in (
         TensorCoreModel("V100", 4, 0, 3, "Volta: 4-product blocks, no extra alignment bit "
-                        "(Fasi et al. 2021, binary16 inputs)"),
+                        "(Fasi et al. 2021, binary16 inputs)", ("float16",)),
         TensorCoreModel("T4", 4, 1, 3, "Turing: 4-product blocks, one extra alignment bit "
-                        "(Fasi et al. 2021, binary16 inputs)"),
+                        "(Fasi et al. 2021, binary16 inputs)", ("float16",)),
         TensorCoreModel("A100", 4, 1, 3, "Ampere: one extra alignment bit for binary16, bfloat16 "
                         "and tf32 inputs (Fasi et al. 2021; their tests use 4-product blocks)"),
     )
@@ -85,25 +101,54 @@ def get_tensor_core_model(model: str | TensorCoreModel) -> TensorCoreModel:
     return lookup(TENSOR_CORE_MODELS, model, "tensor-core model", TensorCoreModel)
 
 
-def _check_values(x: np.ndarray, fmt, name: str) -> None:
+def _check_values(x: np.ndarray, fmt, name: str, hint: str = "round them first, e.g. with "
+                  "precisionlab.rounding.round_to, or pass operands='converted'") -> None:
     """Raise unless every entry of x is already a value of fmt (the model takes hardware operands)."""
     bad = np.asarray(round_to(x, fmt)) != x
     if np.any(bad):
-        raise ValueError(
-            f"{name} must hold {get_format(fmt).name} values; {x[bad].ravel()[:3]} are not "
-            f"(round them first, e.g. with precisionlab.rounding.round_to)"
-        )
+        raise ValueError(f"{name} must hold {get_format(fmt).name} values; {x[bad].ravel()[:3]} "
+                         f"are not ({hint})")
+
+
+def _check_inputs(m: TensorCoreModel, inputs, operands) -> str:
+    """The input format's name, if model m takes it and `operands` is a feed that format allows."""
+    name = inputs if isinstance(inputs, str) else getattr(inputs, "name", inputs)
+    if name not in m.inputs:
+        raise ValueError(f"inputs={inputs!r} is not an operand format of the {m.name} tensor-core "
+                         f"model; valid choices: {', '.join(m.inputs)}")
+    check_choice(operands, "operand feed (operands)", OPERAND_FEEDS)
+    if operands == "raw" and name != "tf32":
+        raise ValueError(f"operands='raw' (float32 words read by the tensor core) exists only for "
+                         f"inputs='tf32'; got inputs={name!r}; valid choices for it: exact, converted")
+    return name
+
+
+def _feed(x: np.ndarray, inputs: str, operands: str, name: str) -> np.ndarray:
+    """The operand as the tensor core multiplies it: checked ('exact'), fl_rna/fl_rne ('converted'), truncated ('raw')."""
+    if operands == "exact":
+        _check_values(x, inputs, name)
+        return x
+    if operands == "raw":
+        _check_values(x, "float32", name, "raw operands are float32 words")
+        return np.asarray(round_to(x, "tf32", "toward_zero"), dtype=np.float64)
+    mode = "nearest_away" if inputs == "tf32" else "nearest_even"
+    return np.asarray(round_to(x, inputs, mode), dtype=np.float64)
 
 
 def block_fma(a, b, c, model: str | TensorCoreModel = "V100", inputs: str = "float16",
-              out: str = "float32") -> np.ndarray:
+              out: str = "float32", operands: str = "exact") -> np.ndarray:
     """d = c + sum_i a_i b_i with exact products, truncating alignment to the largest term, one truncating normalisation.
 
-    a, b: (..., B') arrays of `inputs` values with B' <= the model's block size; c: (...)
-    array of `out` values. out: "float32" (truncated) or "float16" (the truncated float32
-    result, then rounded to nearest). Returns a float64 array of shape (...).
+    a, b: (..., B') arrays with B' <= the model's block size; c: (...) array of `out` values.
+    inputs: an operand format the model takes (V100, T4: float16; A100: float16, bfloat16,
+    tf32). operands: "exact" (a, b already hold `inputs` values), "converted" (software
+    rounds them first: nearest-away for tf32 as cvt.rna does, nearest-even otherwise) or
+    "raw" (tf32 only: float32 words the hardware truncates to their top 19 bits).
+    out: "float32" (truncated) or "float16" (the truncated float32 result, then rounded to
+    nearest). Returns a float64 array of shape (...).
     """
     m = get_tensor_core_model(model)
+    inputs = _check_inputs(m, inputs, operands)
     if out not in _OUTPUTS:
         raise ValueError(f"unknown tensor-core output {out!r}; valid choices: {', '.join(_OUTPUTS)}")
     a = np.asarray(a, dtype=np.float64)
@@ -117,9 +162,9 @@ def block_fma(a, b, c, model: str | TensorCoreModel = "V100", inputs: str = "flo
         raise ValueError("a and b need a last axis holding the block's products")
     if a.shape[-1] > m.block:
         raise ValueError(f"{m.name} blocks hold at most {m.block} products; got {a.shape[-1]}")
-    _check_values(a, inputs, "a")
-    _check_values(b, inputs, "b")
-    _check_values(c, out, "c")
+    a = _feed(a, inputs, operands, "a")
+    b = _feed(b, inputs, operands, "b")
+    _check_values(c, out, "c", "round it to the output format first")
     terms = np.concatenate([np.broadcast_to(c[..., None], (*a.shape[:-1], 1)), a * b], axis=-1)
     _, e = np.frexp(terms)  # |t| = f 2^e with f in [0.5, 1): floor(log2 |t|) = e - 1
     e = np.where(terms != 0, e - 1, np.iinfo(np.int32).min)
@@ -138,16 +183,19 @@ def block_fma(a, b, c, model: str | TensorCoreModel = "V100", inputs: str = "flo
 
 
 def tensor_core_matmul(a, b, c=None, model: str | TensorCoreModel = "V100",
-                       inputs: str = "float16", out: str = "float32") -> np.ndarray:
+                       inputs: str = "float16", out: str = "float32",
+                       operands: str = "converted") -> np.ndarray:
     """D = C + A·B as a chain of block FMAs along k (blocks of the model's size), bit-level.
 
-    a (m, k) and b (k, n) are rounded to `inputs` (nearest; tf32 by nearest-away, like
-    cvt.rna.tf32.f32); c (m, n) defaults to zeros and is rounded to `out`.
+    operands="converted" (default): a (m, k) and b (k, n) are rounded to `inputs` by software
+    (nearest; tf32 by nearest-away, like cvt.rna.tf32.f32); "raw": float32 matrices handed to
+    tf32 tensor cores unconverted, truncated by the hardware; "exact": already `inputs`
+    values. c (m, n) defaults to zeros and is rounded to `out`.
     """
     m = get_tensor_core_model(model)
-    mode = "nearest_away" if get_format(inputs).name == "tf32" else "nearest_even"
-    A = np.asarray(round_to(np.asarray(a, dtype=np.float64), inputs, mode))
-    B = np.asarray(round_to(np.asarray(b, dtype=np.float64), inputs, mode))
+    inputs = _check_inputs(m, inputs, operands)
+    A = _feed(np.asarray(a, dtype=np.float64), inputs, operands, "a")
+    B = _feed(np.asarray(b, dtype=np.float64), inputs, operands, "b")
     if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
         raise ValueError(f"need a (m, k) and b (k, n); got shapes {A.shape} and {B.shape}")
     d = np.zeros((A.shape[0], B.shape[1])) if c is None else np.asarray(c, dtype=np.float64)

@@ -21,6 +21,10 @@ warm run's notebook is written back only if both runs finished without error (ne
 non-zero if any notebook failed or either run took longer than its budget: 20 s, unless the
 notebook's metadata sets another under ``precisionlab.budget_s`` (chapter 6 trains live and
 is allowed 60 s), or --budget is given.
+
+The same times go into ``book/_notebook_times.md`` (rows of the notebooks run are replaced,
+the others kept), which the workshop page includes: the run times a teacher plans with are
+measured, never typed.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 BUDGET_S = 20.0
+TIMES_FILE = REPO_ROOT / "book" / "_notebook_times.md"
 CELL_TIMEOUT_S = 120
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -93,6 +98,37 @@ def cold_and_warm(path: Path, cell_timeout: int) -> tuple[float, float, str | No
         return cold, warm, (None if error is None else f"warm run: {error}"), nb
 
 
+def write_times(rows, path: Path) -> None:
+    """Merge (name, budget, cold, warm, status) rows into the markdown table at path."""
+    import platform
+
+    import torch
+
+    present = {p.stem for p in NOTEBOOK_DIR.glob("*.ipynb")}
+    table: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            m = re.match(r"\| \{doc\}`(\d\d-[a-z0-9-]+) <", line)
+            if m and m.group(1) in present:
+                table[m.group(1)] = line
+    for name, budget, cold, warm, _status in rows:
+        stem = Path(name).stem
+        table[stem] = f"| {{doc}}`{stem} <../notebooks/{stem}>` | {cold:.1f} | {warm:.1f} | {budget:g} |"
+    lines = [
+        "<!-- Written by scripts/execute_notebooks.py from its measurements: do not edit. -->",
+        "| Notebook | Cold start (s) | Warm (s) | Budget (s) |",
+        "| --- | ---: | ---: | ---: |",
+        *(table[k] for k in sorted(table)),
+        "",
+        f"Last measured with Python {platform.python_version()}, torch "
+        f"{torch.__version__.split('+')[0]}, on {os.cpu_count()} CPU cores. Cold: a fresh "
+        "kernel with empty numba and matplotlib caches, as on a new Colab runtime; warm: "
+        "the same caches filled.",
+        "",
+    ]
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -113,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=CELL_TIMEOUT_S,
         help=f"per-cell timeout in seconds (default {CELL_TIMEOUT_S})",
+    )
+    parser.add_argument(
+        "--times-file",
+        default=str(TIMES_FILE),
+        help="markdown table of the measured times, merged per notebook "
+        f"(default {TIMES_FILE.relative_to(REPO_ROOT)}; an empty string writes none)",
     )
     parser.add_argument(
         "--time-only",
@@ -155,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     total_warm = sum(row[3] for row in rows)
     print(f"{'total':<{width}}  {'':>8}  {total_cold:7.1f}  {total_warm:7.1f}")
     print("cold: empty NUMBA_CACHE_DIR and MPLCONFIGDIR; warm: the same, filled by the cold run"
-          + ("; nothing written (--time-only)" if args.time_only else ""))
+          + ("; notebooks not written (--time-only)" if args.time_only else ""))
+    measured = [row for row in rows if not row[4].startswith("ERROR")]
+    if measured and args.times_file:
+        write_times(measured, Path(args.times_file))
+        print(f"times written to {args.times_file}")
 
     return 0 if all(row[4] == "ok" for row in rows) else 1
 

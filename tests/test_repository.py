@@ -227,3 +227,40 @@ def test_pyproject_does_not_pin_torch():
     assert torch_specs, "pyproject.toml must depend on torch"
     for spec in specs:
         assert "==" not in spec, f"pyproject.toml must only lower-bound dependencies: {spec}"
+
+
+# --- (vii) nbval markers are cell tags, not comments readers see ---------------------------
+
+NBVAL_MARKER = re.compile(r"^\s*#\s*(NBVAL_[A-Z_]+|PYTEST_VALIDATE_IGNORE_OUTPUT)\s*$", re.M)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_code_has_no_nbval_marker_comments(path):
+    """Markers live in cell metadata (tags nbval-check-output / nbval-ignore-output)."""
+    nb = nbformat.read(path, as_version=4)
+    found = [(index, m.group(1)) for index, cell in enumerate(nb.cells) if cell.cell_type == "code"
+             for m in NBVAL_MARKER.finditer(cell.source)]
+    assert not found, (
+        f"{path.name}: nbval marker comments in code cells {found}; convert them with "
+        f"`python3 scripts/nbval_tags.py notebooks/{path.name}`"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_checks_some_outputs_by_tag(path):
+    """nbval --nbval-lax compares only tagged cells: a chapter with none checks no number."""
+    nb = nbformat.read(path, as_version=4)
+    tagged = [index for index, cell in enumerate(nb.cells) if cell.cell_type == "code"
+              and "nbval-check-output" in cell.get("metadata", {}).get("tags", [])]
+    assert tagged, f"{path.name}: no code cell is tagged nbval-check-output"
+
+
+def test_sidebar_numbers_match_chapter_numbers():
+    """The book numbers chapters by their place in _toc.yml; NN-... must be that place."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    numbered = [entry["file"] for part in toc.get("parts", []) if part.get("numbered")
+                for entry in part.get("chapters", [])]
+    names = [Path(f).name for f in numbered]
+    assert [int(n[:2]) for n in names] == list(range(1, len(names) + 1)), (
+        f"the sidebar numbers {names} as 1..{len(names)}: list every chapter, in order"
+    )

@@ -25,27 +25,34 @@ def test_bit_view_shows_fields_of_one():
     assert "<pre" in panel._repr_html_()
 
 
-def test_bit_explorer_displays_default_view_then_returns_controls(capsys):
-    box = widgets.bit_explorer(0.1, "float16", "toward_zero")
-    out = capsys.readouterr().out  # outside IPython, display() prints the objects
-    assert "rounded into float16 (toward_zero)" in out
-    assert isinstance(box, ipywidgets.HBox)
-    value_box, fmt_box, mode_box = box.children
-    assert (value_box.value, fmt_box.value, mode_box.value) == (0.1, "float16", "toward_zero")
-    fmt_box.value = "float8_e5m2"  # the callback redraws
-    assert "rounded into float8_e5m2" in capsys.readouterr().out
-    value_box.value = 1e9  # out of e5m2's range: the callback reports instead of raising
-    assert "outside float8_e5m2's finite range" in capsys.readouterr().out
+def test_bit_explorer_live_controls_recompute():
+    explorer = widgets.bit_explorer(0.1, "float16", "toward_zero")
+    box = explorer.widget()
+    assert isinstance(box, ipywidgets.VBox)
+    controls, panel, image = box.children
+    assert [c.description for c in controls.children] == ["value", "fmt", "mode"]
+    assert {n: c.value for n, c in explorer.controls.items()} == {
+        "value": 0.1, "fmt": "float16", "mode": "toward_zero"}
+    assert "rounded into float16 (toward_zero)" in panel.value
+    first = image.value
+    explorer.controls["fmt"].value = "float8_e5m2"  # the callback calls bit_view again
+    assert "rounded into float8_e5m2" in panel.value and image.value != first
+    explorer.controls["value"].value = 1000.0
+    explorer.controls["fmt"].value = "float8_e4m3fn"  # 1000 > 448: reported, figure hidden
+    assert "outside float8_e4m3fn&#x27;s finite range" in panel.value
+    assert image.layout.display == "none"
+    explorer.controls["fmt"].value = "bfloat16"
+    assert "rounded into bfloat16" in panel.value and image.layout.display is None
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         ({"fmt": "fp7"}, "valid choices"),
-        ({"mode": "stochastic"}, "valid choices"),
-        ({"value": float("inf")}, "finite"),
-        ({"value": "abc"}, "real number"),
-        ({"value": 1e6, "fmt": "float16"}, "finite range"),
+        ({"fmt": "float64"}, r"fmt='float64' is not in the grid; valid choices: float32, tf32"),
+        ({"mode": "stochastic"}, "mode='stochastic' is not in the grid; valid choices"),
+        ({"value": float("inf")}, "value=inf is not in the grid; valid choices: 0.1, 0.3, 1000"),
+        ({"value": "abc"}, "value='abc' is not in the grid"),
     ],
 )
 def test_bit_explorer_rejects_bad_input(kwargs, match):
@@ -53,25 +60,25 @@ def test_bit_explorer_rejects_bad_input(kwargs, match):
         widgets.bit_explorer(**kwargs)
 
 
-def test_crossing_view_and_explorer(capsys):
+def test_crossing_view_and_explorer():
     panel, fig = widgets.crossing_view(1.0, 1e-5)
     assert "exact steps to first change   : 391" in panel.text  # 2^-8 / 1e-5 = 390.6 -> 391
     assert "float32-master simulation     : 391" in panel.text
     assert len(fig.axes) == 1 and len(fig.axes[0].get_lines()) >= 2
-    box = widgets.crossing_explorer(0.5, 1e-4, "float16")
-    assert "float16" in capsys.readouterr().out
-    _, lr_box, _ = box.children
-    lr_box.value = 1e-2
-    assert "lr = 0.01" in capsys.readouterr().out
+    explorer = widgets.crossing_explorer(0.25, 1e-4, "float16")
+    assert "float16" in explorer.default_panel.text
+    explorer.widget()
+    explorer.controls["lr"].value = 1e-3
+    assert "lr = 0.001" in explorer.widget().children[1].value
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"lr": 0.0}, "nonzero"),
-        ({"fmt": "float64"}, "narrower than float64"),
-        ({"w": 1.0, "lr": 1e-9}, "at most"),
-        ({"w": float("nan")}, "finite"),
+        ({"lr": 0.0}, "lr=0.0 is not in the grid"),
+        ({"fmt": "float64"}, "fmt='float64' is not in the grid"),
+        ({"w": 0.5}, "w=0.5 is not in the grid; valid choices: 0.25, 1, 4"),
+        ({"w": float("nan")}, "not in the grid"),
     ],
 )
 def test_crossing_explorer_rejects_bad_input(kwargs, match):
@@ -84,3 +91,156 @@ def test_figures_are_displayed_as_png_images():
     _, fig = widgets.bit_view(0.5, "float16")
     image = widgets._as_image(fig)
     assert image.data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- interactive()
+
+from html.parser import HTMLParser  # noqa: E402
+
+
+def _toy_view(k: int = 1, name: str = "a", flag: bool = False):
+    """A cheap view whose text and figure both depend on every parameter."""
+    fig = Figure(figsize=(3, 2))
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, k * (2 if flag else 1)], color="k")
+    ax.set_title(name)
+    if k == 3 and name == "b":
+        raise ValueError("k=3 with name='b' is outside this view's domain")
+    return widgets.TextPanel(f"k={k} name={name} flag={flag}"), fig
+
+
+class _Assets(HTMLParser):
+    """Every tag with its attributes, to find anything a page would fetch."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+def test_interactive_precomputes_one_frame_per_grid_point():
+    explorer = widgets.interactive(_toy_view, {"k": [1, 2, 3], "name": ["a", "b"]}, name="b")
+    assert explorer.params == {"k": 1, "name": "b"}  # k: the view's own default
+    data = explorer.frames()
+    assert len(data["frames"]) == 6 == explorer.size
+    assert len(set(map(tuple, data["frames"]))) == 6  # every grid point shows something else
+    assert len(data["panels"]) == 6
+    png = [p for p in data["images"] if p is not None]
+    assert len(png) == 5 and len(set(png)) == 5  # the k=3, name=b frame is an error
+    assert all(p[:8] == b"\x89PNG\r\n\x1a\n" for p in png)
+    # row-major order: (k=3, name=b) is the last frame; its panel carries the view's message
+    assert "outside this view" in data["panels"][data["frames"][-1][1]]
+    assert data["images"][data["frames"][-1][0]] is None
+
+
+def test_interactive_static_html_is_self_contained():
+    explorer = widgets.interactive(_toy_view, {"k": [1, 2], "name": ["a", "b"],
+                                               "flag": [False, True]})
+    page = explorer.static_html()
+    parser = _Assets()
+    parser.feed(page)
+    kinds = {tag for tag, _ in parser.tags}
+    assert {"input", "select", "img", "script", "output"} <= kinds
+    for tag, attrs in parser.tags:
+        assert tag not in ("link", "iframe", "object", "embed"), tag
+        for key in ("src", "href", "data", "srcset"):
+            value = attrs.get(key)
+            assert value is None or value.startswith("data:image/png;base64,"), (tag, key)
+    assert "http://" not in page and "https://" not in page and "//cdn" not in page
+    # 8 frames; (k=1, flag) and (k=2, no flag) draw the same picture, stored once, and the
+    # shown picture is not stored twice (the script reads it from the <img>)
+    assert len(explorer.frames()["images"]) == 6
+    assert page.count("data:image/png;base64,") == 6
+    assert f'id="{explorer.element_id}"' in page
+    assert len(page.encode()) <= widgets.STATIC_BUDGET_BYTES
+
+
+def test_interactive_mimebundle_offers_live_widget_only_in_a_kernel(monkeypatch):
+    import IPython
+
+    explorer = widgets.interactive(_toy_view, {"k": [1, 2]})
+    bundle = explorer._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "text/html"}  # no kernel: nothing live to offer
+
+    class Shell:
+        kernel = object()
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell())
+    bundle = explorer._repr_mimebundle_()
+    view = bundle["application/vnd.jupyter.widget-view+json"]
+    assert view == {"version_major": 2, "version_minor": 0,
+                    "model_id": explorer.widget().model_id}
+    assert bundle["text/html"] == explorer.static_html()
+
+
+def test_interactive_live_checkbox_and_error_frames():
+    explorer = widgets.interactive(_toy_view, {"k": [1, 3], "name": ["a", "b"],
+                                               "flag": [False, True]})
+    box = explorer.widget()
+    assert isinstance(explorer.controls["flag"], ipywidgets.Checkbox)
+    assert isinstance(explorer.controls["k"], ipywidgets.SelectionSlider)
+    assert isinstance(explorer.controls["name"], ipywidgets.Dropdown)
+    panel, image = box.children[1:]
+    explorer.controls["flag"].value = True
+    assert "flag=True" in panel.value
+    explorer.controls["k"].value = 3
+    explorer.controls["name"].value = "b"
+    assert "outside this view" in panel.value and image.layout.display == "none"
+
+
+@pytest.mark.parametrize(
+    "grid, defaults, match",
+    [
+        ({}, {}, "at least one parameter"),
+        ({"kk": [1]}, {}, "grid parameter 'kk' is not a parameter of _toy_view; valid choices: "
+                          "k, name, flag"),
+        ({"k": [1]}, {"nam": "a"}, "default parameter 'nam' is not a parameter"),
+        ({"k": 3}, {}, r"grid\['k'\] must be a list of values; got 3"),
+        ({"k": "123"}, {}, r"grid\['k'\] must be a list"),
+        ({"k": []}, {}, r"grid\['k'\] must hold at least one value"),
+        ({"k": [1, 1.0]}, {}, r"grid\['k'\] repeats a value"),
+        ({"k": [1, 2]}, {"k": 5}, "k=5 is not in the grid; valid choices: 1, 2"),
+        ({"flag": [False, True]}, {"flag": 1}, "flag=1 is not in the grid; valid choices: False, True"),
+        ({"k": list(range(7)), "name": list("abcdefg")}, {},
+         "grid has 49 frames \\(k 7 x name 7\\); at most 48"),
+    ],
+)
+def test_interactive_rejects_bad_grids(grid, defaults, match):
+    with pytest.raises(ValueError, match=match):
+        widgets.interactive(_toy_view, grid, **defaults)
+
+
+def test_interactive_rejects_a_view_that_is_not_callable():
+    with pytest.raises(ValueError, match="view must be callable; got view=3"):
+        widgets.interactive(3, {"k": [1]})
+
+
+def test_interactive_default_view_errors_surface_at_the_call():
+    with pytest.raises(ValueError, match="outside this view's domain"):
+        widgets.interactive(_toy_view, {"k": [3], "name": ["b"]})
+
+
+@pytest.mark.parametrize(
+    "explorer, kwargs",
+    [
+        (widgets.bit_explorer, {}),
+        (widgets.crossing_explorer, {}),
+        (widgets.reduction_explorer, {}),
+        (widgets.underflow_explorer, {}),
+        (widgets.scaling_explorer, {}),
+        (widgets.phantom_explorer, {"steps": 3}),
+    ],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
+def test_every_explorer_meets_the_page_budget(explorer, kwargs):
+    """The book's explorers: grid within MAX_FRAMES, distinct frames, static HTML within budget."""
+    it = explorer(**kwargs)
+    assert it.size <= widgets.MAX_FRAMES
+    page = it.static_html()
+    assert len(page.encode()) <= widgets.STATIC_BUDGET_BYTES
+    data = it.frames()
+    shown = {tuple(f) for f in data["frames"]}
+    assert len(shown) > 1  # moving a control changes what is shown
+    assert len(data["images"]) > 1 or len(data["panels"]) > 1

@@ -3,6 +3,7 @@ it drew on, and never calls `plt.show()`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import matplotlib as mpl
@@ -16,9 +17,12 @@ from .updates import TrainingRun, crossing_trajectory, steps_to_cross
 
 __all__ = [
     "FORMAT_COLORS",
+    "FORMAT_LINESTYLES",
     "PALETTE",
     "POLICY_STYLES",
     "format_grid",
+    "format_style",
+    "legend_outside",
     "plot_changed_fraction",
     "plot_crossing_heatmap",
     "plot_crossing_trajectory",
@@ -39,22 +43,46 @@ PALETTE: dict[str, str] = {
     "purple": "#CC79A7",
 }
 
+# One colour per format in every figure of the book (the only format -> colour mapping:
+# plotting functions and widgets look colours up here or through format_style). float16 and
+# bfloat16, the pair most often drawn together, get two hues far apart (orange, green).
 FORMAT_COLORS: dict[str, str] = {
     "float64": PALETTE["black"],
     "float32": PALETTE["blue"],
     "tf32": PALETTE["sky"],
     "float16": PALETTE["orange"],
-    "bfloat16": PALETTE["vermillion"],
-    "float8_e4m3fn": PALETTE["green"],
-    "float8_e5m2": PALETTE["purple"],
+    "bfloat16": PALETTE["green"],
+    "float8_e4m3fn": PALETTE["purple"],
+    "float8_e5m2": PALETTE["vermillion"],
 }
 
+# A line style per format as well, so that curves that coincide stay visible (the narrower
+# format is drawn dashed on top of the wider one) and figures read in grey.
+FORMAT_LINESTYLES: dict[str, str] = {
+    "float64": "-", "float32": "-", "tf32": (0, (5, 1.5)), "float16": (0, (4, 2.2)),
+    "bfloat16": (0, (7, 2, 1.5, 2)), "float8_e4m3fn": (0, (1.2, 1.6)),
+    "float8_e5m2": (0, (3, 1.5, 1, 1.5, 1, 1.5)),
+}
+
+
+def format_style(fmt) -> dict:
+    """Colour and line style of a format (a registry name, an alias such as bf16, or a FloatFormat)."""
+    name = get_format(fmt).name
+    return {"color": FORMAT_COLORS[name], "linestyle": FORMAT_LINESTYLES[name]}
+
+
+def legend_outside(ax: Axes, **kwargs):
+    """A legend to the right of the axes, where it can cover no data."""
+    kwargs.setdefault("fontsize", 8.5)
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kwargs)
+
+
 POLICY_STYLES: dict[str, dict] = {
-    "fp32": {"color": PALETTE["blue"], "label": "fp32 weights", "linestyle": "-"},
-    "bf16": {"color": PALETTE["vermillion"], "label": "bf16-stored weights", "linestyle": "-"},
+    "fp32": {"color": FORMAT_COLORS["float32"], "label": "fp32 weights", "linestyle": "-"},
+    "bf16": {"color": FORMAT_COLORS["bfloat16"], "label": "bf16-stored weights", "linestyle": "-"},
     "master": {"color": PALETTE["black"], "label": "fp32 master + bf16 copy", "linestyle": "--"},
-    "bf16_stochastic": {"color": PALETTE["green"], "label": "bf16-stored, stochastic rounding",
-                        "linestyle": ":"},
+    "bf16_stochastic": {"color": FORMAT_COLORS["bfloat16"], "label": "bf16-stored, stochastic rounding",
+                        "linestyle": ":", "marker": "o", "markevery": 15, "ms": 4},
 }
 
 _HOUSE_STYLE = {
@@ -109,7 +137,7 @@ def plot_ulp_vs_magnitude(formats: Iterable[str | FloatFormat] = ("float32", "tf
         xs = np.concatenate([[fmt.min_subnormal], edges, [fmt.max_finite]])
         us = np.asarray(ulp(xs, fmt))
         color = FORMAT_COLORS.get(fmt.name)
-        ax.step(xs, us, where="post", color=color, label=fmt.name)
+        ax.step(xs, us, where="post", label=fmt.name, **format_style(fmt))
         ax.plot([fmt.min_normal], [ulp(fmt.min_normal, fmt)], "o", color=color, ms=5)
         ax.plot([fmt.max_finite], [ulp(fmt.max_finite, fmt)], "^", color=color, ms=6)
     ax.set_xscale("log", base=10)
@@ -122,8 +150,8 @@ def plot_ulp_vs_magnitude(formats: Iterable[str | FloatFormat] = ("float32", "tf
         mpl.lines.Line2D([], [], color="grey", marker="o", linestyle="none", label="min normal"),
         mpl.lines.Line2D([], [], color="grey", marker="^", linestyle="none", label="max finite"),
     ]
-    ax.legend([*handles, *marker_handles], [*labels, "min normal", "max finite"], ncol=2,
-              loc="upper left")
+    legend_outside(ax, handles=[*handles, *marker_handles],
+                   labels=[*labels, "min normal", "max finite"])
     return ax
 
 
@@ -184,11 +212,11 @@ def plot_number_line(fmt, lo: float, hi: float, x: float | None = None,
         for nb in {below, above}:
             ax.annotate(f"{nb:.8g}", (nb, 0.4), xytext=(0, 4), textcoords="offset points",
                         ha="center", va="bottom", fontsize=8.5)
-        ax.vlines([below, above], -0.5, 0.5, color=PALETTE["blue"], lw=2.4,
+        ax.vlines([below, above], -0.5, 0.5, color="#444444", lw=2.4,
                   label="neighbours of x", zorder=3)
         ax.plot([x], [0], marker="v", ms=11, color=PALETTE["black"], linestyle="none",
                 label=f"x = {x:.10g}", zorder=4)
-        ax.plot([fx], [0], marker="o", ms=9, mfc="none", mew=2, color=PALETTE["vermillion"],
+        ax.plot([fx], [0], marker="o", ms=10, mfc="none", mew=2, color=PALETTE["black"],
                 linestyle="none", label=f"fl(x) = {fx:.8g} ({mode})", zorder=4)
     ax.set_ylim(-1.0, 1.3)
     ax.set_yticks([])
@@ -236,7 +264,7 @@ def plot_crossing_trajectory(w: float, lr: float, steps: int, fmt="bfloat16",
     ax = _axes(ax)
     fmt = get_format(fmt)
     k, wm, copy = crossing_trajectory(w, lr, steps, fmt, master=master)
-    ax.plot(k, wm, color=PALETTE["blue"], label=f"{master} master weight")
+    ax.plot(k, wm, color=format_style(master)["color"], label=f"{master} master weight")
     ax.step(k, copy, where="post", color=FORMAT_COLORS.get(fmt.name, "k"),
             label=f"{fmt.name} copy")
     lo, hi = min(wm.min(), copy.min()), max(wm.max(), copy.max())
@@ -248,7 +276,7 @@ def plot_crossing_trajectory(w: float, lr: float, steps: int, fmt="bfloat16",
     ax.set_ylabel("weight value")
     ax.set_title(f"w = {w:g}, lr = {lr:g}: master vs {fmt.name} copy")
     ax.ticklabel_format(axis="y", useOffset=False)
-    ax.legend(loc="upper left" if lr > 0 else "lower left")
+    legend_outside(ax)
     return ax
 
 
@@ -262,7 +290,7 @@ def plot_training_curves(runs: Mapping[str, TrainingRun], ax: Axes | None = None
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss")
     ax.set_title("Loss under different weight-storage policies")
-    ax.legend()
+    legend_outside(ax)
     return ax
 
 
@@ -279,7 +307,7 @@ def plot_changed_fraction(runs: Mapping[str, TrainingRun], ax: Axes | None = Non
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("fraction of weights that changed")
     ax.set_title("Which weights actually move")
-    ax.legend()
+    legend_outside(ax)
     return ax
 
 
@@ -320,7 +348,7 @@ def plot_sum_outcomes(sums, exact: float, tol: float, acc="float32",
     ax.set_xlabel(f"rounded sum - exact sum, in {fmt.name} ulps of the exact sum")
     ax.set_ylabel("fraction of runs")
     ax.set_title(title or f"Rounded sums in a {fmt.name} accumulator")
-    ax.legend(loc="upper left", fontsize=8.5)
+    legend_outside(ax)
     return ax
 
 
@@ -349,7 +377,7 @@ def plot_flip_probability(margins, curves: Mapping[str, Sequence[float]],
     ax.set_xlabel("relative margin |tol - S| / S (S: the exact sum)")
     ax.set_ylabel("fraction of orders that flip the test")
     ax.set_title("How close to tol can a reduction get?")
-    ax.legend(fontsize=8.5)
+    legend_outside(ax)
     return ax
 
 
@@ -358,11 +386,13 @@ def plot_residual_histories(histories: Mapping[str, Sequence[float]],
                             ax: Axes | None = None) -> Axes:
     """Relative residual ||b - A x_k|| / ||b|| against iteration k (log scale), one line per device profile."""
     ax = _axes(ax)
-    styles = {"fp32": PALETTE["blue"], "tf32": PALETTE["sky"], "bf16": PALETTE["vermillion"],
-              "fp16": PALETTE["orange"]}
     for name, res in histories.items():
         r = np.asarray(res, dtype=np.float64)
-        ax.plot(np.arange(r.size), r, marker=".", color=styles.get(name), label=f"{name} matmuls")
+        try:
+            color = format_style(name)["color"]  # profile names are format aliases (bf16, ...)
+        except ValueError:
+            color = None
+        ax.plot(np.arange(r.size), r, marker=".", color=color, label=f"{name} matmuls")
     tols = [] if tol is None else np.atleast_1d(np.asarray(tol, dtype=np.float64))
     for j, t in enumerate(tols):
         ax.axhline(t, color=PALETTE["black"], ls="--", lw=1, label="tolerances" if j == 0 else None)
@@ -370,7 +400,7 @@ def plot_residual_histories(histories: Mapping[str, Sequence[float]],
     ax.set_xlabel("iteration k")
     ax.set_ylabel("relative residual")
     ax.set_title("Jacobi iteration: the residual each profile can reach")
-    ax.legend()
+    legend_outside(ax)
     return ax
 
 
@@ -436,7 +466,7 @@ def plot_run_metric(logs: Mapping, metric: str = "reward", ax: Axes | None = Non
     ax.set_ylabel(ylabel or metric)
     ax.set_title({"reward": "Mean reward (= minus the completion length)"}.get(
         metric, f"{ylabel or metric} per step"))
-    ax.legend(fontsize=8.5)
+    legend_outside(ax)
     return ax
 
 
@@ -467,7 +497,7 @@ def plot_beta_vs_logprob(logp, beta, eos=None, ax: Axes | None = None, bins: int
     ax.set_xlabel("log-probability of the token")
     ax.set_ylabel("|beta| = |f_fp32 - f_bf16|")
     ax.set_title("Precision gap by token probability")
-    ax.legend(loc="lower left", markerscale=2)
+    legend_outside(ax, markerscale=2)
     return ax
 
 
@@ -490,7 +520,7 @@ def plot_beta_by_offset(offsets, curves: Mapping[str, np.ndarray], fmt="bfloat16
     ax.set_xlabel("common logit level (offset; 0 drawn at 0.5)")
     ax.set_ylabel("mean |beta| over sampled tokens")
     ax.set_title("beta follows the grid spacing where the logits live")
-    ax.legend()
+    legend_outside(ax)
     return ax
 
 
@@ -531,14 +561,14 @@ def plot_attenuation_model(attenuation: float, depth: int, fmt="float16", g0: fl
         k = first_underflow_depth(attenuation, f, g0, floor)
         if k is not None and k < depth:
             ax.plot([k], [g[k]], marker=marker, ms=8, mfc="none", mew=2,
-                    color=PALETTE["vermillion"], linestyle="none",
+                    color=PALETTE["black"], linestyle="none",
                     label=f"first depth past {_FLOOR_STYLES[floor][1].split(':')[0]}: {k}")
     ax.set_yscale("log")
     ax.set_ylim(min(g.min(), f.min_subnormal / 4) / 3, max(g.max(), f.min_normal) * 3)
     ax.set_xlabel("depth k (layers below the loss)")
     ax.set_ylabel("typical gradient entry")
     ax.set_title(f"Attenuation model: a = {attenuation:g}, {depth} layers, {f.name}")
-    ax.legend(fontsize=8.5, loc="lower left")
+    legend_outside(ax)
     return ax
 
 
@@ -554,10 +584,12 @@ def plot_layer_gradients(probes: Mapping, which: str = "signal", model=None,
     for j, (name, probe) in enumerate(probes.items()):
         med = probe.stats(which).median_abs
         k = np.arange(med.size)
-        color = FORMAT_COLORS.get(probe.fmt)
-        # Earlier probes are drawn wider, so curves that coincide stay visible.
-        ax.plot(k, np.where(med > 0, med, np.nan), color=color, lw=max(3.6 - 1.1 * j, 1.2),
-                label=f"{name}")
+        style = format_style(probe.fmt)
+        color = style["color"]
+        # Each format has its own dash pattern and later probes are drawn on top, narrower,
+        # so a float16 curve that coincides with float32's shows through its gaps.
+        ax.plot(k, np.where(med > 0, med, np.nan), lw=max(3.0 - 0.8 * j, 1.4), zorder=2 + j,
+                label=f"{name}", **style)
         zero = med == 0
         if zero.any():
             ax.plot(k[zero], np.full(zero.sum(), bottom * 2), "v", ms=4, color=color,
@@ -574,7 +606,7 @@ def plot_layer_gradients(probes: Mapping, which: str = "signal", model=None,
     what = {"signal": "dL/dh (backward signal)", "weight": "dL/dW (weight gradient)"}[which]
     ax.set_ylabel(f"median |{what.split(' ')[0]}|")
     ax.set_title(f"Typical {what} by depth")
-    ax.legend(fontsize=8.5, loc="lower left")
+    legend_outside(ax)
     return ax
 
 
@@ -594,7 +626,7 @@ def plot_zero_fraction(probes: Mapping, which: str = "weight", ax: Axes | None =
     ax.set_ylabel("fraction exactly zero")
     shown = " and ".join(names[k] for k in kinds)
     ax.set_title(f"Exact zeros in {shown} by depth")
-    ax.legend(fontsize=8.5)
+    legend_outside(ax)
     return ax
 
 
@@ -613,7 +645,7 @@ def plot_scale_history(histories: Mapping, ax: Axes | None = None,
     ax.set_xlabel("step")
     ax.set_ylabel("log2(loss scale)")
     ax.set_title("Loss scale per step")
-    ax.legend(fontsize=8.5)
+    legend_outside(ax)
     return ax
 
 
@@ -631,5 +663,189 @@ def plot_loss_curves(losses: Mapping[str, Sequence[float]], relative: bool = Tru
     ax.set_xlabel("step")
     ax.set_ylabel("loss / initial loss" if relative else "loss")
     ax.set_title("Training loss")
+    legend_outside(ax)
+    return ax
+
+
+# --------------------------------------------------------------------------- the bouncing ball (chapter 3)
+
+__all__ += ["plot_height_gap", "plot_heights", "plot_parameter_sweep", "plot_solver_passes",
+            "plot_stiffness_map"]
+
+
+def plot_heights(h: float, heights: Mapping[str, Sequence[float]],
+                 contacts: Mapping[str, int] | None = None, ax: Axes | None = None) -> Axes:
+    """Height y_t against time t h, one line per run; a dot at each run's first-contact step."""
+    ax = _axes(ax)
+    colors = (PALETTE["blue"], PALETTE["vermillion"], PALETTE["green"], PALETTE["purple"])
+    for j, (name, y) in enumerate(heights.items()):
+        y = np.asarray(y, dtype=np.float64)
+        t = np.arange(y.size) * h
+        style = {"color": colors[j % len(colors)], "lw": 1.6, "ls": "-" if j == 0 else "--"}
+        ax.plot(t, y, label=name, **style)
+        if contacts and name in contacts and contacts[name] >= 0:
+            c = int(contacts[name]) + 1  # the state after the contact step
+            ax.plot([t[c]], [y[c]], "o", ms=6, color=style["color"], mfc="none", mew=1.6)
+    ax.axhline(0.0, color="#777777", lw=1)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("height y (m)")
+    ax.set_title("Two rollouts, first contacts circled")
     ax.legend(fontsize=8.5)
+    return ax
+
+
+def plot_height_gap(h: float, a: Sequence[float], b: Sequence[float], ax: Axes | None = None) -> Axes:
+    """|y_a - y_b| against time on a log scale; steps where the runs agree exactly are left out."""
+    ax = _axes(ax)
+    gap = np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))
+    t = np.arange(gap.size) * h
+    shown = gap > 0
+    ax.plot(t[shown], gap[shown], ".", ms=3.5, color=PALETTE["black"])
+    ax.set_yscale("log")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("|difference| (m)")
+    ax.set_title("Gap between the two rollouts")
+    return ax
+
+
+def plot_parameter_sweep(k, values, iterations=None, ylabel: str = "value", label: str | None = None,
+                         ax: Axes | None = None, **style) -> Axes:
+    """values(k) as dots; dashed verticals where the total solver iteration count changes."""
+    ax = _axes(ax)
+    k = np.asarray(k, dtype=np.float64)
+    ax.plot(k, np.asarray(values, dtype=np.float64), ".", ms=3.5, label=label, **style)
+    if iterations is not None:
+        it = np.asarray(iterations)
+        for j in np.flatnonzero(np.diff(it)):
+            ax.axvline(0.5 * (k[j] + k[j + 1]), color="#999999", ls="--", lw=0.8)
+    ax.set_xlabel("gain k")
+    ax.set_ylabel(ylabel)
+    if label:
+        ax.legend(fontsize=8.5)
+    return ax
+
+
+def plot_stiffness_map(smap, forward_limit: float = 2.0, backward_limit: float = 100.0,
+                       ax: Axes | None = None) -> Axes:
+    """Regions of a world.StiffnessMap over (stiffness k, step size h): both fine, backward only, forward."""
+    from matplotlib.colors import ListedColormap
+
+    ax = _axes(ax)
+    codes = smap.regions(forward_limit, backward_limit)
+    cmap = ListedColormap(["#dce9f5", PALETTE["orange"], "#555555"])
+    ax.pcolormesh(smap.k, smap.h, codes, cmap=cmap, vmin=-0.5, vmax=2.5, shading="nearest")
+    kk = np.geomspace(smap.k.min(), smap.k.max(), 50)
+    ax.plot(kk, 2 / np.sqrt(kk), color=PALETTE["black"], ls=":", lw=1.2, label="h √k = 2")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    if smap.k.min() < smap.k.max():
+        ax.set_xlim(smap.k.min(), smap.k.max())
+    if smap.h.min() < smap.h.max():
+        ax.set_ylim(smap.h.min(), smap.h.max())
+    ax.set_xlabel("stiffness k (1/s²)")
+    ax.set_ylabel("step size h (s)")
+    ax.set_title(f"{smap.integrator.replace('_', '-')} Euler")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=c, edgecolor="#888888", label=text) for c, text in (
+        ("#dce9f5", "forward and backward fine"),
+        (PALETTE["orange"], f"forward fine, |k dy/dk| > {backward_limit:g} y0"),
+        ("#555555", f"forward grows (max |y| > {forward_limit:g} y0)"))]
+    ax.legend(handles=handles + ax.get_legend_handles_labels()[0], fontsize=8, loc="lower left",
+              frameon=True, framealpha=0.9)
+    return ax
+
+
+def plot_solver_passes(runs: Mapping[str, np.ndarray], flips=None, ax: Axes | None = None) -> Axes:
+    """Solver passes per step summed over scenes, one step line per run; x where a decision flipped."""
+    ax = _axes(ax)
+    colors = (PALETTE["vermillion"], PALETTE["blue"], PALETTE["green"])
+    for j, (name, it) in enumerate(runs.items()):
+        total = np.asarray(it).reshape(np.asarray(it).shape[0], -1).sum(axis=1)
+        ax.step(np.arange(total.size), total, where="mid", color=colors[j % 3], label=name,
+                lw=1.6 if j == 0 else 1.2, ls="-" if j == 0 else "--")
+    if flips is not None:
+        f = np.asarray(flips).reshape(np.asarray(flips).shape[0], -1).sum(axis=1)
+        first = next(iter(runs.values()))
+        total = np.asarray(first).reshape(f.size, -1).sum(axis=1)
+        steps = np.flatnonzero(f)
+        if steps.size:
+            ax.plot(steps, total[steps], "x", ms=8, mew=2, color=PALETTE["black"],
+                    label=f"decision the exact sum reverses ({int(f.sum())})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("solver passes (all scenes)")
+    ax.set_title("Projection solver work per step")
+    ax.legend(fontsize=8.5)
+    return ax
+
+
+# --------------------------------------------------------------------------- interval bounds (chapter 7)
+
+__all__ += ["plot_bound_bands", "plot_bound_widths", "plot_leaf_depths"]
+
+
+def plot_leaf_depths(depths: Mapping[str, np.ndarray], ax: Axes | None = None) -> Axes:
+    """Roundings on each summand's path (its leaf depth) against its index, one step line per order."""
+    ax = _axes(ax)
+    colors = (PALETTE["black"], PALETTE["blue"], PALETTE["orange"], PALETTE["green"],
+              PALETTE["purple"], PALETTE["vermillion"], PALETTE["sky"])
+    for j, (name, d) in enumerate(depths.items()):
+        d = np.asarray(d)
+        ax.step(np.arange(d.size), d, where="mid", color=colors[j % len(colors)], label=name,
+                lw=1.8 if j == 0 else 1.4, ls="-" if j % 2 == 0 else "--")
+    ax.set_xlabel("summand index i")
+    ax.set_ylabel("roundings on its path")
+    ax.set_title("Who pays for the order: leaf depths")
+    legend_outside(ax)
+    return ax
+
+
+def plot_bound_widths(ks: Sequence[int], widths: Mapping[str, Sequence[float]],
+                      observed: Sequence[float] | None = None, ax: Axes | None = None) -> Axes:
+    """Error bounds (half-widths) against the inner dimension k, log-log, beside the largest observed error."""
+    ax = _axes(ax)
+    styles = ({"color": PALETTE["vermillion"], "ls": "--", "marker": "s"},
+              {"color": PALETTE["blue"], "ls": "-", "marker": "o"},
+              {"color": PALETTE["green"], "ls": "-.", "marker": "^"})
+    for j, (name, w) in enumerate(widths.items()):
+        ax.loglog(ks, w, label=name, ms=5, **styles[j % len(styles)])
+    if observed is not None:
+        ax.loglog(ks, observed, color=PALETTE["black"], ls=":", marker="x", label="largest error observed")
+    ax.set_xlabel("inner dimension k")
+    ax.set_ylabel("|computed - exact|")
+    ax.set_title("Bound against observed error")
+    legend_outside(ax)
+    return ax
+
+
+def plot_bound_bands(offset, structure, oblivious=None, ax: Axes | None = None,
+                     title: str = "Reference against the target's bounds") -> Axes:
+    """Per output element: reference - target (dots) inside or outside the bounds' ranges [lo - target, hi - target]."""
+    ax = _axes(ax)
+    offset = np.ravel(np.asarray(offset, dtype=np.float64))
+    x = np.arange(offset.size)
+    if oblivious is not None:
+        lo, hi = (np.ravel(np.asarray(v, dtype=np.float64)) for v in oblivious)
+        ax.fill_between(x, lo, hi, step="mid", color=PALETTE["sky"], alpha=0.25, lw=0,
+                        label="order-oblivious bound")
+    lo, hi = (np.ravel(np.asarray(v, dtype=np.float64)) for v in structure)
+    ax.fill_between(x, lo, hi, step="mid", color=PALETTE["blue"], alpha=0.45, lw=0,
+                    label="structure-aware bound")
+    inside = (lo <= offset) & (offset <= hi)
+    ax.plot(x[inside], offset[inside], "o", ms=4, color=PALETTE["black"], label="reference (inside)")
+    if (~inside).any():
+        ax.plot(x[~inside], offset[~inside], "X", ms=7, color=PALETTE["vermillion"],
+                label="reference (outside)")
+    span = np.max(np.abs(np.concatenate([lo, hi, offset])[np.isfinite(np.concatenate([lo, hi, offset]))]),
+                  initial=1e-300)
+    thresh = max(span * 1e-4, 1e-300)
+    ax.set_yscale("symlog", linthresh=thresh)
+    top = math.ceil(math.log10(span)) if span > 0 else 0
+    decades = list(range(top, math.floor(math.log10(thresh)), -2))[:3]  # every other decade
+    ax.set_yticks(sorted([-(10.0**d) for d in decades] + [0.0] + [10.0**d for d in decades]))
+    ax.axhline(0, color="#888888", lw=0.8)
+    ax.set_xlabel("output element")
+    ax.set_ylabel("value - target")
+    ax.set_title(title)
+    legend_outside(ax)
     return ax

@@ -13,6 +13,7 @@ frequencies.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -79,20 +80,105 @@ def test_alpha_plus_beta_is_the_log_ratio(train, shadow, old):
     assert float(beta) == train - shadow and float(alpha) == shadow - old
 
 
-def test_matched_precision_gives_beta_exactly_zero_and_on_policy_alpha_zero():
-    # Two implementations: the trainer's forward runs the emulate ops with autograd, the
-    # shadow forward and the engine the fused numba kernel; matched, they agree bit for bit.
+_BITS = {"fp32": (24, -126), "bf16": (8, -126), "fp16": (11, -14)}  # significant bits, emin
+
+
+def _rne(v, precision):
+    """v (float64) rounded to nearest, ties to even, with the format's significant bits: scale by 2^-q, rint, scale back."""
+    p, emin = _BITS[precision]
+    v = np.asarray(v, dtype=np.float64)
+    out = np.zeros_like(v)
+    nz = v != 0
+    _, e = np.frexp(v[nz])
+    q = np.maximum(e - 1, emin) - (p - 1)
+    out[nz] = np.ldexp(np.rint(np.ldexp(v[nz], -q)), q)
+    return out
+
+
+def _oracle_logprobs(policy, prompt, prev, pos, precision):
+    """log pi(. | rows) written out from the Policy docstring in NumPy, independently of rl and emulate.
+
+    Weights and activations rounded with _rne; matrix products accumulate float32 products in
+    float32, k = 0, 1, ... (numpy's elementwise float32 ops, no fused multiply-add); RMSNorm
+    and the log-softmax in float64 with exact sums (math.fsum) and numpy's exp and log, then
+    one rounding (to fp32 for the log-probabilities).
+    """
+    f32 = np.float32
+
+    def fl(v):
+        return _rne(v, precision)
+
+    w = {n: fl(t.detach().double().numpy()) for n, t in policy.named_parameters()}
+    prompt, prev, pos = (np.asarray(i) for i in (prompt, prev, pos))
+
+    def rms(x):
+        ss = np.array([math.fsum(r) for r in x * x])
+        return fl(x * (1.0 / np.sqrt(ss / x.shape[1] + 1e-6))[:, None])
+
+    def linear(a, wt, b=None):
+        a32, w32 = a.astype(f32), wt.astype(f32)
+        acc = np.zeros((a.shape[0], wt.shape[0]), f32)
+        for k in range(a.shape[1]):
+            acc = acc + a32[:, k:k + 1] * w32[None, :, k]
+        if b is not None:
+            acc = acc + b.astype(f32)
+        return fl(acc.astype(np.float64))
+
+    emb = (w["tok"][prev].astype(f32) + w["pos"][pos].astype(f32)) + w["prompt"][prompt].astype(f32)
+    x = fl(emb.astype(np.float64))
+    for layer in range(policy.cfg.depth):
+        h = np.maximum(linear(rms(x), w["w_in"][layer]), 0.0)
+        y = linear(h, w["w_out"][layer])
+        x = fl((x.astype(f32) + y.astype(f32)).astype(np.float64))
+    z = linear(rms(x), w["head"], fl(policy.bias.double().numpy()))
+    z = z - z.max(1, keepdims=True)
+    lse = np.log(np.array([math.fsum(r) for r in np.exp(z)]))
+    return (z - lse[:, None]).astype(np.float32)
+
+
+def _oracle_sequence(policy, ro, precision):
+    prompt, prev, pos = (x[ro.mask] for x in ro.inputs(policy.bos))
+    lp = _oracle_logprobs(policy, prompt, prev, pos, precision)
+    return lp[np.arange(lp.shape[0]), ro.tokens[ro.mask].numpy()]
+
+
+def test_forward_matches_an_independent_numpy_oracle():
+    # Both implementations (emulate ops with autograd, the fused kernel without) against the
+    # oracle; a float64 last bit (fsum vs pairwise sums, numpy's exp/log vs emulate's) may move
+    # an fp32 log-probability by one ulp, so allow that and require most to be equal.
     policy = _policy()
-    for precision in ("bf16", "fp16", "fp32"):
-        ro = _rollout(policy, precision)
-        train = rl.sequence_logprobs(policy, ro, precision)
-        assert train.requires_grad
+    ro = _rollout(policy, "bf16", group_size=6)
+    for precision in rl.PRECISIONS:
+        want = _oracle_sequence(policy, ro, precision)
+        train = rl.sequence_logprobs(policy, ro, precision)[ro.mask].detach().numpy()
         with torch.no_grad():
-            shadow = rl.sequence_logprobs(policy, ro, precision)
-        alpha, beta = rl.log_ratio_split(train.detach(), shadow, ro.old_logp)
-        assert torch.equal(beta, torch.zeros_like(beta))
-        # Every row is computed on its own, so batching does not change a bit either.
-        assert torch.equal(alpha[ro.mask], torch.zeros(int(ro.mask.sum())))
+            fused = rl.sequence_logprobs(policy, ro, precision)[ro.mask].numpy()
+        for got in (train, fused):
+            np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+            assert np.mean(got == want) > 0.9
+
+
+def test_beta_against_the_oracle_and_exactly_zero_when_matched():
+    policy = _policy()
+    ro = _rollout(policy, "bf16", group_size=6)
+    ref = _oracle_sequence(policy, ro, "bf16")
+    with torch.no_grad():
+        shadow = rl.sequence_logprobs(policy, ro, "bf16")
+    for precision in ("fp32", "fp16"):
+        # beta = f_P - f_bf16: the package's trainer forward against the oracle's bf16 forward.
+        train = rl.sequence_logprobs(policy, ro, precision)
+        _, beta = rl.log_ratio_split(train.detach(), shadow, ro.old_logp)
+        want = _oracle_sequence(policy, ro, precision).astype(np.float64) - ref
+        np.testing.assert_allclose(beta[ro.mask].numpy(), want, rtol=0, atol=4e-6)
+        assert np.abs(want).mean() > 0.05  # logits near 64: bf16 spacing 0.5, beta ~ ulp/4
+    # Matched: the trainer's forward (emulate ops, autograd) and the shadow (fused kernel)
+    # are two implementations of the oracle's arithmetic and agree bit for bit, so beta = 0.
+    train = rl.sequence_logprobs(policy, ro, "bf16")
+    alpha, beta = rl.log_ratio_split(train.detach(), shadow, ro.old_logp)
+    assert torch.equal(beta, torch.zeros_like(beta))
+    # On-policy, against the log-probabilities the engine recorded while sampling (its own
+    # rounded copy of the weights, the kernel on growing batches): alpha = 0 bit for bit.
+    assert torch.equal(alpha[ro.mask], torch.zeros(int(ro.mask.sum())))
 
 
 @pytest.mark.parametrize("precision", rl.PRECISIONS)
@@ -238,6 +324,60 @@ def test_clip_bounds_are_strict():
         assert rl.clipped(r, a, lo, hi).tolist() == [False, True, False, True]
 
 
+def _exp_onto(target: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_on, x_out): rl._exp(x_on) is exactly the bound as the comparison sees it (the Python
+    float target, or its float32 value for float32 ratios); x_out is the first x beyond x_on,
+    away from 0, whose exp lies outside the bound."""
+    bound = torch.tensor(target, dtype=dtype)
+    x = torch.tensor(math.log(target), dtype=dtype)
+    outward = 1.0 if target > 1 else -1.0
+    for _ in range(200):
+        y = rl._exp(x)
+        if y == bound:
+            break
+        x = torch.nextafter(x, x + (1.0 if y < bound else -1.0))
+    else:
+        raise AssertionError(f"no x with exp(x) == {target} in {dtype}")
+    x_out = x
+    while rl._exp(x_out) == bound:
+        x_out = torch.nextafter(x_out, x_out + outward)
+    return x, x_out
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(("lo", "hi"), [(0.2, 0.2), (0.1, 0.28)])
+def test_ratio_exactly_on_the_clip_bound_is_not_clipped(dtype, lo, hi):
+    # The source's case analysis: A > 0 keeps its gradient while r <= 1 + eps_high, A < 0
+    # while r >= 1 - eps_low. A ratio exactly on the bound, built from alpha and beta, is
+    # therefore inside; one step beyond is outside. So, e.g., beta that puts an unmoved token
+    # exactly on the bound is no phantom clip, and one beyond it is.
+    rows = []
+    for target, a in ((1 + hi, 1.0), (1 - lo, -1.0)):
+        on, out = _exp_onto(target, dtype)
+        zero = torch.zeros((), dtype=dtype)
+        rows += [
+            (zero, on, a, "unclipped"), (zero, out, a, "phantom"),
+            (on, zero, a, "unclipped"), (out, zero, a, "legitimate"),
+            (out, on - out, a, "released"),  # x_out + (x_on - x_out) == x_on: exact (Sterbenz)
+            (on, out - on, a, "phantom"),
+        ]
+    alpha = torch.stack([r[0] for r in rows])
+    beta = torch.stack([r[1] for r in rows])
+    adv = torch.tensor([r[2] for r in rows], dtype=dtype)
+    assert torch.equal(alpha + beta, torch.stack([r[0] + r[1] for r in rows]))
+    got = rl.classify_clipping(alpha, beta, adv, lo, hi)
+    assert [rl.CLIP_CLASSES[i] for i in got.tolist()] == [r[3] for r in rows]
+    # On the bound the surrogate's gradient flows in full: dL/dlogp = -A r / N.
+    on_hi, _ = _exp_onto(1 + hi, dtype)
+    on_lo, _ = _exp_onto(1 - lo, dtype)
+    logp = torch.stack([on_hi, on_lo]).reshape(1, 2).requires_grad_(True)
+    adv2 = torch.tensor([[1.0, -1.0]], dtype=dtype)
+    rl.surrogate_loss(logp, torch.zeros_like(logp), adv2, torch.ones(1, 2, dtype=torch.bool),
+                      lo, hi).backward()
+    r = rl._exp(logp.detach())
+    assert torch.equal(logp.grad, -(adv2 * r) / 2)
+
+
 def test_asymmetric_epsilon_uses_the_right_bound():
     r = torch.tensor([1.25, 1.25, 0.85, 0.85])
     a = torch.tensor([1.0, 1.0, -1.0, -1.0])
@@ -356,22 +496,80 @@ def test_four_passes_recombine_exactly():
     # Float64 additions of float32/bf16-valued vectors: exact up to float64 rounding.
     assert float((recombined - dec.actual_full).abs().max()) <= 1e-15 * float(
         dec.actual_full.abs().max())
-    # With beta = 0 the ratio passes coincide bit for bit; with low == full the score passes do.
-    # The backward's precision changes the gradient, but only slightly; beta in the ratio
-    # changes it by about the size of beta (std 0.15 here).
-    clean = float(dec.clean_low.norm())
-    assert 0 < float(dec.d_score.norm()) < 0.1 * clean
-    assert 0.05 * clean < float(dec.d_ratio.norm()) < 0.5 * clean
 
 
-def test_gradient_report_is_trivial_when_matched():
+def _rel(got, want):
+    return float((got - want).norm()) / float(want.norm())
+
+
+def test_four_passes_in_bf16_against_per_token_scores():
+    # The oracle: per-token score vectors (one backward per token) weighted and summed in
+    # float64. In fp32 it equals the batched passes to float32 rounding. A bf16 backward rounds
+    # every intermediate gradient to 8 bits, per token in the oracle and per batch in the
+    # package, so there they agree to a few bf16 roundings: ~2^-8 of the gradient, which is
+    # ~4% of d_ratio (about a tenth of the gradient here) and ~7% of d_score (about 5%).
+    policy, ro, adv, alpha, beta = _decomposition_inputs()
+    dec = rl.four_pass_gradients(policy, ro, adv, alpha, beta, low="bf16", full="fp32")
+    m = ro.mask
+    a = adv[:, None].expand_as(alpha)[m].double()
+    n = int(m.sum())
+    s_low, s_full = _per_token_scores(policy, ro, "bf16"), _per_token_scores(policy, ro, "fp32")
+    clean_c = a * torch.exp(alpha[m].double())
+    actual_c = a * torch.exp((alpha + beta)[m].double())
+    want = {"clean_full": -clean_c @ s_full / n, "actual_full": -actual_c @ s_full / n,
+            "clean_low": -clean_c @ s_low / n, "actual_low": -actual_c @ s_low / n}
+    for name in ("clean_full", "actual_full"):
+        assert _rel(getattr(dec, name), want[name]) < 1e-5
+    for name in ("clean_low", "actual_low"):
+        assert _rel(getattr(dec, name), want[name]) < 2.0**-7
+    d_ratio = -(clean_c * torch.expm1(beta[m].double())) @ s_low / n
+    d_score = want["clean_full"] - want["clean_low"]
+    assert 0.05 < float(d_ratio.norm()) / float(want["clean_low"].norm()) < 0.5  # beta std 0.15
+    assert _rel(dec.d_ratio, d_ratio) < 0.1
+    assert _rel(dec.d_score, d_score) < 0.15
+    assert 0 < float(d_score.norm()) < 0.1 * float(want["clean_low"].norm())
+
+
+def test_gradient_report_against_an_oracle():
+    # Every quantity of the report recomputed from the oracle's forward (alpha, beta) and
+    # per-token scores: the clipped loss's gradient is sum_t -A_t r_t [not dead] s_t / N.
     policy = _policy()
-    ro = _rollout(policy, "bf16")
-    rep = rl.gradient_report(policy, ro, rl.RunConfig(trainer="bf16", engine="bf16"))
-    assert rep["ratio_error"] == 0.0 and rep["score_error"] == 0.0
-    assert rep["cos_clipped"] == pytest.approx(1.0, abs=1e-12)
-    mismatched = rl.gradient_report(policy, ro, rl.RunConfig(trainer="fp32", engine="bf16"))
-    assert mismatched["ratio_error"] > 0 and mismatched["score_error"] > 0
+    ro = _rollout(policy, "bf16", group_size=4)
+    run = rl.RunConfig(trainer="fp32", engine="bf16")
+    rep = rl.gradient_report(policy, ro, run)
+    m = ro.mask
+    n = int(m.sum())
+    adv = rl.group_advantages(ro.rewards, ro.group_size)
+    a = adv[:, None].expand_as(ro.old_logp)[m].double()
+    low = torch.from_numpy(_oracle_sequence(policy, ro, "bf16")).double()
+    full = torch.from_numpy(_oracle_sequence(policy, ro, "fp32")).double()
+    alpha, beta = low - ro.old_logp[m].double(), full - low
+    assert not alpha.any()  # on-policy
+    s_low, s_full = _per_token_scores(policy, ro, "bf16"), _per_token_scores(policy, ro, "fp32")
+
+    def cos(u, v):
+        return float(u @ v) / float(u.norm() * v.norm())
+
+    clean_c, actual_c = a * torch.exp(alpha), a * torch.exp(alpha + beta)
+    g_clean = -clean_c @ s_low / n
+    ratio_error = float(((clean_c * torch.expm1(beta)) @ s_low).norm()) / float(
+        (clean_c @ s_low).norm())
+    r = torch.exp(alpha + beta)
+    live = ~(((a > 0) & (r > 1.2)) | ((a < 0) & (r < 0.8)))
+    used = -(a * r * live) @ s_full / n
+    reinforce = -a @ s_low / n
+    assert (~live).any() and live.any()  # the batch has dead zones and live tokens
+    assert rep["ratio_error"] == pytest.approx(ratio_error, rel=0.1)
+    assert rep["cos_clean_actual"] == pytest.approx(cos(g_clean, -actual_c @ s_full / n), abs=1e-3)
+    assert rep["cos_reinforce"] == pytest.approx(cos(reinforce, used), abs=5e-3)
+    assert rep["cos_cross_entropy"] == pytest.approx(
+        cos(s_low.sum(0), s_full.sum(0)), abs=1e-3)
+    assert rep["cos_reinforce"] < 0.999  # the dead zones turn the update
+    # Matched precisions: beta = 0 on every token (checked against the oracle above), so the
+    # ratio and score terms vanish and the clipped loss's gradient is the engine's own.
+    matched = rl.gradient_report(policy, ro, rl.RunConfig(trainer="bf16", engine="bf16"))
+    assert matched["ratio_error"] == 0.0 and matched["score_error"] == 0.0
+    assert matched["cos_clipped"] == pytest.approx(1.0, abs=1e-12)
 
 
 # --------------------------------------------------------------------------- engine
@@ -460,6 +658,14 @@ def test_training_logs_beta_zero_when_matched_and_phantoms_when_not():
     assert m.changed[0] == 0.0  # step 0: the engine already holds fl(W_0)
     snap = mm.snapshots[1]
     assert snap["beta"].shape == snap["adv"].shape == snap["eos"].shape
+    # The per-step statistics against NumPy on the recorded tokens of step 1.
+    b, a = snap["beta"].astype(np.float64), snap["adv"].astype(np.float64)
+    assert mm.beta_beyond[1] == np.mean(np.abs(b) > 0.2)
+    assert mm.beta_adv_corr[1] == pytest.approx(np.corrcoef(b, a)[0, 1], abs=1e-12)
+    assert mm.beta_std[1] == pytest.approx(np.std(b, ddof=1), rel=1e-12)
+    assert np.isnan(m.beta_adv_corr).all()  # beta = 0: no correlation to speak of
+    np.testing.assert_array_equal(m.snr(), np.full(3, np.inf))
+    np.testing.assert_allclose(mm.snr(), mm.alpha_abs / mm.beta_abs, rtol=0)
     assert len(m.reward) == 3 and m.steps_to(0.0) is None
 
 
@@ -486,8 +692,158 @@ def test_training_is_the_same_at_any_thread_count():
         assert torch.equal(p, q)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(-1e3, 1e3), st.floats(-1e3, 1e3)), min_size=2, max_size=40))
+def test_portable_correlation_matches_fsum(pairs):
+    x, y = (np.array(v, dtype=np.float64) for v in zip(*pairs, strict=True))
+    mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)
+    sxy = math.fsum((x - mx) * (y - my))
+    sxx, syy = math.fsum((x - mx) ** 2), math.fsum((y - my) ** 2)
+    got = rl.fcorr(torch.from_numpy(x), torch.from_numpy(y))
+    if sxx * syy > 1e-12 * (1 + float(np.abs(x).max() * np.abs(y).max())) ** 2:
+        assert got == pytest.approx(sxy / math.sqrt(sxx * syy), abs=1e-9)
+    with pytest.raises(ValueError, match="same number"):
+        rl.fcorr(x, y[:-1])
+
+
+def test_correlation_of_a_constant_is_nan():
+    assert math.isnan(rl.fcorr(torch.zeros(5), torch.arange(5.0)))
+
+
+def test_checkpoint_puts_initial_weights_on_the_grid():
+    fp32 = _policy(SMALL)
+    bf16 = _policy(rl.PolicyConfig(**{**SMALL.__dict__, "checkpoint": "bf16"}))
+    for p, q in zip(fp32.parameters(), bf16.parameters(), strict=True):
+        np.testing.assert_array_equal(q.detach().numpy(), _bf16_oracle(p))  # same draws, rounded
+    with pytest.raises(ValueError, match="valid choices: fp32, bf16, fp16"):
+        rl.PolicyConfig(checkpoint="fp8")
+
+
+def test_beta_by_band_against_the_oracle():
+    policy = _policy()
+    ro = _rollout(policy, "bf16")
+    bands = [(-2.0, 0.0), (-4.0, -2.0), (-100.0, -4.0)]
+    got = rl.beta_by_band(policy, ro, bands)
+    prompt, prev, pos = (x[ro.mask] for x in ro.inputs(policy.bos))
+    ref = _oracle_logprobs(policy, prompt, prev, pos, "bf16")
+    mag = np.abs(_oracle_logprobs(policy, prompt, prev, pos, "fp32") - ref)
+    for (lo, hi), (n, med) in zip(bands, got, strict=True):
+        sel = np.sort(mag[(ref > lo) & (ref <= hi)])
+        assert n == sel.size > 0
+        assert med == pytest.approx(sel[(n - 1) // 2], abs=4e-6)  # the lower median, as torch's
+
+
+def test_runs_survive_save_and_load(tmp_path):
+    cfg = rl.PolicyConfig(n_prompts=2, max_len=5, vocab=16, width=8, hidden=8, depth=1)
+    runs = {"a": rl.RunConfig(steps=2), "b": rl.RunConfig(steps=2, trainer="bf16", lr=1e-3)}
+    logs = rl.train_seeds(cfg, runs, [0, 1], progress=False)
+    rl.save_runs(tmp_path / "runs.json", logs, {"command": "test"})
+    meta, back = rl.load_runs(tmp_path / "runs.json")
+    assert meta["command"] == "test" and meta["seeds"] == [0, 1]
+    for seed in (0, 1):
+        for name, run in runs.items():
+            assert back[seed][name].config == run
+            for k, v in logs[seed][name].arrays().items():
+                np.testing.assert_array_equal(back[seed][name].arrays()[k], v)  # bit for bit
+
+
+def test_comparison_table_rows_and_errors():
+    table = rl.comparison_table({"first_sync": ("43.1%", "no", "1.0%", "yes")})
+    assert list(table.headers) == list(rl.COMPARISON_HEADERS)
+    fig = rl.SOURCE["first_sync"]
+    assert list(table.rows[0]) == [fig.finding, fig.value, fig.section, "43.1%", "no", "1.0%",
+                                   "yes"]
+    with pytest.raises(ValueError, match="unknown source finding 'beta_mean'"):
+        rl.comparison_table({"beta_mean": ("a", "b", "c", "d")})
+    with pytest.raises(ValueError, match="needs 4 cells"):
+        rl.comparison_table({"first_sync": ("a", "b")})
+
+
+@pytest.mark.parametrize(("book", "source", "direction", "expect"), [
+    (0.15, 0.18, False, "yes"), (0.09, 0.18, False, "yes"), (0.36, 0.18, False, "yes"),
+    (0.089, 0.18, False, "no"), (0.37, 0.18, True, "partly"), (-0.3, -0.58, False, "yes"),
+    (0.3, -0.58, True, "partly"), (0.3, (0.27, 0.45), False, "yes"),
+    (0.9, (0.27, 0.45), False, "yes"), (0.91, (0.27, 0.45), False, "no"),
+    (float("inf"), 5.5, True, "partly"), (float("nan"), 5.5, False, "no"),
+])
+def test_reproduces_uses_a_factor_of_two(book, source, direction, expect):
+    assert rl.reproduces(book, source, direction) == expect
+
+
+def test_reproduces_rejects_a_zero_or_mixed_source():
+    with pytest.raises(ValueError, match="source must be"):
+        rl.reproduces(1.0, (-1.0, 1.0))
+
+
+def test_find_stored_looks_upwards(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.json").write_text("{}")
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    assert rl.find_stored("x.json", deep) == tmp_path / "data" / "x.json"
+    # An editable install (this checkout) records a file:// origin: nothing to download.
+    with pytest.raises(FileNotFoundError, match=r"scripts/rl_source_regime\.py"):
+        rl.find_stored("missing.json", deep)
+
+
+def test_find_stored_uses_the_clone_pip_installed_from(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    clone = tmp_path / "my clone"
+    (clone / "data").mkdir(parents=True)
+    (clone / "data" / "x.json").write_text("{}")
+
+    class Installed:
+        def read_text(self, name):
+            assert name == "direct_url.json"
+            return ('{"url": "file://localhost' + str(clone).replace(" ", "%20")
+                    + '", "vcs_info": {"vcs": "git", "commit_id": "abc"}}')
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Installed())
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    assert rl.find_stored("x.json", elsewhere) == clone / "data" / "x.json"
+
+
+# --------------------------------------------------------------------------- stored runs
+
+
+_DATA = Path(__file__).resolve().parents[1] / "data" / "rl_source_regime.json"
+
+
+def _script():
+    import importlib.util
+
+    path = _DATA.parents[1] / "scripts" / "rl_source_regime.py"
+    spec = importlib.util.spec_from_file_location("rl_source_regime", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stored_source_regime_matches_its_script_and_replays_exactly():
+    # The chapter loads these results instead of training for minutes; they must be what the
+    # script's configuration gives with today's package, bit for bit: re-run the first steps.
+    meta, logs = rl.load_runs(_DATA)
+    script = _script()
+    assert meta["command"].startswith("python3 scripts/rl_source_regime.py")
+    assert meta["precisionlab_version"] and meta["torch_version"] and len(meta["seeds"]) >= 3
+    cfg = rl.PolicyConfig(**meta["policy"])
+    assert cfg == script.POLICY
+    assert {k: v.config for k, v in logs[meta["seeds"][0]].items()} == script.runs()
+    seed = meta["seeds"][0]
+    steps = 3
+    for name in ("matched", "mismatched"):
+        stored = logs[seed][name].arrays()
+        log = rl.train(cfg, rl.with_changes(logs[seed][name].config, steps=steps), seed=seed,
+                       progress=False)
+        for k, v in log.arrays().items():
+            np.testing.assert_array_equal(v, stored[k][:steps], err_msg=f"{name}: {k}")
+
+
 def test_steps_to_uses_a_moving_average():
-    log = rl.RunLog(rl.RunConfig(), *([np.array([-9.0, -9, -1, -1, -1, -1, -1])] * 12))
+    log = rl.RunLog(rl.RunConfig(), *([np.array([-9.0, -9, -1, -1, -1, -1, -1])]
+                                      * len(rl.STEP_FIELDS)))
     assert log.steps_to(-2.0, window=3) == 4  # average of steps 2..4 is the first >= -2
     assert log.steps_to(-2.0, window=1) == 2
 

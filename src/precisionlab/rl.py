@@ -22,6 +22,10 @@ The pieces, bottom up:
   four-pass gradient decomposition — and the interventions: ratio forced to 1, ratio from the
   shadow forward, wide epsilon, detached weights, detached and centred weights.
 * `train` / `train_many` — the closed loop (generate, sync, score, update) with a per-step log.
+* `save_runs` / `load_runs` / `find_stored` — per-step logs of runs too long for a chapter,
+  stored under data/ by a script and replayed exactly by the tests.
+* `SOURCE`, `reproduces`, `comparison_table` — the source study's figures (typed once, with
+  their sections), one rule for "reproduces", and the table that sets the book beside them.
 
 Every statistic the book prints (means, standard deviations, cosines) is taken in float64
 with fixed-order sums (`emulate.fixed_sum`). No global state: every random draw takes an
@@ -49,10 +53,12 @@ from .rounding import round_to
 __all__ = [
     "BACKENDS",
     "CLIP_CLASSES",
+    "COMPARISON_HEADERS",
     "EOS",
     "MASTER_PRECISIONS",
     "PRECISIONS",
     "RATIO_MODES",
+    "SOURCE",
     "WEIGHT_MODES",
     "Engine",
     "GradientDecomposition",
@@ -61,20 +67,28 @@ __all__ = [
     "Rollout",
     "RunConfig",
     "RunLog",
+    "SourceFigure",
+    "beta_by_band",
     "beta_by_offset",
     "beta_table",
     "classify_clipping",
     "clipped",
+    "comparison_table",
+    "fcorr",
+    "find_stored",
     "fmean",
     "four_pass_gradients",
     "fstd",
     "gradient_report",
     "group_advantages",
+    "load_runs",
     "log_ratio_split",
     "logit_rounding_beta",
     "policy_gradient",
     "policy_logprobs",
+    "reproduces",
     "sample_tokens",
+    "save_runs",
     "sequence_logprobs",
     "surrogate_loss",
     "token_weights",
@@ -112,6 +126,9 @@ class PolicyConfig:
     logit_offset: float = 64.0  # common level of every logit: sets the bf16 spacing there
     logit_spread: float = 2.0  # std of the token-dependent part of the logits at init
     eos_logit: float = 4.0  # extra logit of EOS at init: sets how rarely the policy stops
+    # Format the initial weights are stored in: "bf16" puts them on the bf16 grid, like a
+    # checkpoint released in bf16, so that beta starts from activation rounding alone.
+    checkpoint: str = "fp32"
 
     def __post_init__(self):
         for name in ("vocab", "n_prompts", "max_len", "width", "hidden", "depth"):
@@ -119,6 +136,7 @@ class PolicyConfig:
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{name} must be an integer >= {low}; got {name}={v!r}")
         _check_positive(self.logit_spread, "logit_spread")
+        _check_choice(self.checkpoint, "checkpoint precision", PRECISIONS)
         for name in ("logit_offset", "eos_logit"):
             if not np.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be finite; got {name}={getattr(self, name)!r}")
@@ -149,6 +167,10 @@ class Policy(torch.nn.Module):
         # Each block adds O(1/depth) variance, so the stream stays O(1) at any depth.
         self.w_out = randn(n, d, m, std=(m * n) ** -0.5)
         self.head = randn(cfg.vocab, d, std=cfg.logit_spread * d**-0.5)
+        if cfg.checkpoint != "fp32":  # a checkpoint stored in a lower precision
+            fmt = get_format(_FMT[cfg.checkpoint])
+            for p in self.parameters():
+                p.data = round_to(p.data, fmt)
         bias = torch.full((cfg.vocab,), float(cfg.logit_offset))
         bias[EOS] += cfg.eos_logit
         self.register_buffer("bias", bias)
@@ -615,6 +637,20 @@ def vocabulary_logprobs(policy: Policy, rollout: Rollout, precision: str,
     return policy_logprobs(policy, prompt, prev, pos, precision, backend)
 
 
+@torch.no_grad()
+def beta_by_band(policy: Policy, rollout: Rollout, bands: Sequence[tuple[float, float]],
+                 trainer: str = "fp32", reference: str = "bf16") -> list[tuple[int, float]]:
+    """Per band (lo, hi]: (count, median |beta|) over every vocabulary entry v at the rollout's states with lo < log pi_ref(v) <= hi."""
+    ref = vocabulary_logprobs(policy, rollout, reference)
+    mag = (vocabulary_logprobs(policy, rollout, trainer) - ref).abs()
+    out = []
+    for lo, hi in bands:
+        sel = (ref > lo) & (ref <= hi)
+        n = int(sel.sum())
+        out.append((n, float(mag[sel].median()) if n else float("nan")))
+    return out
+
+
 # --------------------------------------------------------------------------- portable statistics
 
 
@@ -631,6 +667,19 @@ def fstd(x) -> float:
         return 0.0
     d = x - float(E.fixed_sum(x, 0)) / x.numel()
     return math.sqrt(float(E.fixed_sum(d * d, 0)) / (x.numel() - 1))
+
+
+def fcorr(x, y) -> float:
+    """Pearson r = sum dx dy / sqrt(sum dx^2 sum dy^2), d = deviation from the mean; float64, fixed sums (nan if either is constant)."""
+    x = torch.as_tensor(x).detach().reshape(-1).to(torch.float64)
+    y = torch.as_tensor(y).detach().reshape(-1).to(torch.float64)
+    if x.numel() != y.numel() or x.numel() < 2:
+        raise ValueError(f"x and y must hold the same number (>= 2) of values; got {x.numel()} "
+                         f"and {y.numel()}")
+    dx = x - float(E.fixed_sum(x, 0)) / x.numel()
+    dy = y - float(E.fixed_sum(y, 0)) / y.numel()
+    den = math.sqrt(float(E.fixed_sum(dx * dx, 0)) * float(E.fixed_sum(dy * dy, 0)))
+    return float(E.fixed_sum(dx * dy, 0)) / den if den > 0 else float("nan")
 
 
 def _prec_of(x: torch.Tensor) -> E.Precision:
@@ -948,7 +997,7 @@ class RunConfig:
 
 STEP_FIELDS: tuple[str, ...] = (
     "reward", "clip", "phantom", "legitimate", "alpha_abs", "beta_abs", "beta_mean", "beta_std",
-    "changed", "deployed", "moved", "kl",
+    "changed", "deployed", "moved", "kl", "beta_beyond", "beta_adv_corr",
 )
 
 
@@ -969,9 +1018,22 @@ class RunLog:
     deployed: np.ndarray  # mean over tokens of sign(A) (f_low(W_k+1) - f_low(W_k))
     moved: np.ndarray  # mean over tokens of |f_low(W_k+1) - f_low(W_k)|
     kl: np.ndarray  # k3 estimate of KL(engine policy || deployed policy) on the batch
+    beta_beyond: np.ndarray  # fraction of tokens with |beta| > 0.2
+    beta_adv_corr: np.ndarray  # Pearson correlation of beta_t and A_t over the tokens (nan if beta = 0)
     snapshots: dict = field(default_factory=dict)  # step -> per-token arrays (`record`)
     gradients: dict = field(default_factory=dict)  # step -> gradient_report (`gradients`)
     policy: Policy | None = None  # the trained policy
+
+    def snr(self) -> np.ndarray:
+        """Per step mean|alpha| / mean|beta| (the source's signal-to-noise ratio; inf where beta = 0)."""
+        a, b = np.asarray(self.alpha_abs, np.float64), np.asarray(self.beta_abs, np.float64)
+        out = np.full(a.shape, np.inf)
+        np.divide(a, b, out=out, where=b > 0)
+        return out
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The per-step fields (STEP_FIELDS) as float64 arrays, e.g. to store a run."""
+        return {k: np.asarray(getattr(self, k), dtype=np.float64) for k in STEP_FIELDS}
 
     def final_reward(self, last: int = 10) -> float:
         """Mean batch reward over the last `last` steps (float64, fixed-order sum)."""
@@ -1066,6 +1128,8 @@ def _train(policy_cfg: PolicyConfig, run: RunConfig, seed: int, tick, record=(),
         log["moved"][step] = fmean(delta.abs())
         a = alpha[m].to(torch.float64)
         log["kl"][step] = fmean(E.exp64(a) - 1 - a)
+        log["beta_beyond"][step] = fmean(beta[m].abs() > 0.2)
+        log["beta_adv_corr"][step] = fcorr(beta[m], a_tok[m])
         if step in record:
             snapshots[step] = {
                 "alpha": alpha[m].numpy().copy(), "beta": beta[m].numpy().copy(),
@@ -1135,3 +1199,154 @@ def train_seeds(policy_cfg: PolicyConfig, runs: Mapping[str, RunConfig], seeds: 
 def with_changes(run: RunConfig, **changes) -> RunConfig:
     """A copy of `run` with the given fields changed (validated again)."""
     return replace(run, **changes)
+
+
+# --------------------------------------------------------------------------- stored runs
+
+
+def save_runs(path, logs: Mapping[int, Mapping[str, RunLog]], meta: Mapping) -> None:
+    """Write runs to `path` (.json: meta, configs; beside it .npz: every STEP_FIELDS array, exact float64).
+
+    logs: seed -> run name -> RunLog, every seed with the same run names and configs.
+    """
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    path = Path(path)
+    seeds = sorted(logs)
+    names = list(logs[seeds[0]])
+    # One (fields, steps) float64 array per seed and run.
+    arrays = {f"{seed}.{name}": np.stack(list(logs[seed][name].arrays().values()))
+              for seed in seeds for name in names}
+    np.savez_compressed(path.with_suffix(".npz"), **arrays)
+    doc = {**meta, "seeds": seeds, "fields": list(STEP_FIELDS),
+           "runs": {name: asdict(logs[seeds[0]][name].config) for name in names},
+           "arrays": path.with_suffix(".npz").name}
+    path.write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")
+
+
+def load_runs(path) -> tuple[dict, dict[int, dict[str, RunLog]]]:
+    """(meta, seed -> run name -> RunLog) from a file written by `save_runs` (no policies kept)."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    meta = json.loads(path.read_text())
+    with np.load(path.parent / meta["arrays"]) as z:
+        arrays = {k: z[k] for k in z.files}
+    logs: dict[int, dict[str, RunLog]] = {}
+    for seed in meta["seeds"]:
+        logs[seed] = {}
+        for name, cfg in meta["runs"].items():
+            fields = dict(zip(meta["fields"], arrays[f"{seed}.{name}"], strict=True))
+            logs[seed][name] = RunLog(config=RunConfig(**cfg), **fields)
+    return meta, logs
+
+
+def find_stored(name: str, start=None):
+    """Path of data/<name> in the repository, looked for from `start` (default: the working directory) upwards.
+
+    Where the repository is absent (e.g. on Colab, where only the package was installed from
+    git), pip's record of the install (direct_url.json) says where it came from: a local
+    clone's data/ is used as it is; from GitHub, the file and its .npz are downloaded at the
+    recorded commit into a temporary directory.
+    """
+    import json
+    import tempfile
+    import urllib.parse
+    from importlib import metadata
+    from pathlib import Path
+
+    here = Path(start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "data" / name).is_file():
+            return d / "data" / name
+    try:
+        origin = json.loads(metadata.distribution("precisionlab").read_text("direct_url.json"))
+    except (metadata.PackageNotFoundError, TypeError, ValueError):
+        origin = {}
+    url, commit = origin.get("url", ""), origin.get("vcs_info", {}).get("commit_id")
+    if url.startswith("file://"):  # installed from a local clone: its data/ folder
+        local = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)) / "data" / name
+        if local.is_file():
+            return local
+    if not (url.startswith("https://github.com/") and commit):
+        raise FileNotFoundError(f"data/{name} not found above {here}, and precisionlab was not "
+                                f"installed from a GitHub repository; run the script that makes it "
+                                f"(scripts/rl_source_regime.py for the chapter 6 runs)")
+    import urllib.request
+
+    raw = url.removesuffix(".git").replace("https://github.com/",
+                                           "https://raw.githubusercontent.com/")
+    out = Path(tempfile.gettempdir()) / "precisionlab-data" / commit
+    out.mkdir(parents=True, exist_ok=True)
+    for file in (name, str(Path(name).with_suffix(".npz"))):
+        if not (out / file).is_file():
+            urllib.request.urlretrieve(f"{raw}/{commit}/data/{file}", out / file)
+    return out / name
+
+
+# --------------------------------------------------------------------------- the source's figures
+
+
+@dataclass(frozen=True)
+class SourceFigure:
+    """A figure the source reports (seed 001, the TRL precision-mismatch study): what, the value as printed, its section."""
+
+    finding: str
+    value: str
+    section: str
+
+
+# Typed once, from the source's text; citations, not results of this package.
+SOURCE: dict[str, SourceFigure] = {
+    "beta_std": SourceFigure("std of beta, fp32 trainer", "0.149", "6.2"),
+    "beta_beyond": SourceFigure("P(|beta| > 0.2), fp32 trainer", "18%", "10.3"),
+    "clip_step3": SourceFigure("clipped at step 3, fp32 / bf16 trainer", "13.5% / 1.0%", "10.3"),
+    "phantom_step5": SourceFigure("phantom / legitimate at step 5", "17.2% / 0.4%", "10.3"),
+    "cos_ratio_score": SourceFigure("cos(dg_ratio, dg_score)", "-0.58", "7.5"),
+    "first_sync": SourceFigure("bf16 weights changed, first sync", "0.96%", "6.6"),
+    "sync_mean": SourceFigure("bf16 weights changed per sync, mean", "0.24-0.29%", "6.6"),
+    "cos_reinforce": SourceFigure("cos(update, clean REINFORCE grad.)", "0.55-0.73", "8.4, 8.5"),
+    "beta_growth": SourceFigure("std of beta, start -> later", "0.043 -> 0.244", "8.1"),
+    "snr": SourceFigure("SNR mean|alpha| / mean|beta|", "2.82", "6.4"),
+    "corr": SourceFigure("corr(beta, A)", "+0.002 -> +0.069", "8.1"),
+    "deployed": SourceFigure("deployed improvement, bf16 / fp32", "+0.00128 / +0.00023", "6.5"),
+    "converge_low": SourceFigure("low lr converges: bf16 / fp32 trainer", "yes / no", "1"),
+    "converge_high": SourceFigure("10x lr converges: fp32 trainer", "yes", "1"),
+    "bf16_weights": SourceFigure("bf16 weights converge: low / 10x lr", "no / yes", "1"),
+    "fixes": SourceFigure("converge: eps = 10 / ratio from shadow", "yes / yes", "9.2, 10.1"),
+    "rare": SourceFigure("median |beta|: rare / common tokens", "0.5-1.0 / 0.02", "8.2"),
+}
+
+def reproduces(book: float, source, direction: bool = False) -> str:
+    """'yes' if book has the sign of `source` (a value or a (lo, hi) range) and lies within [min/2, 2 max] of its magnitudes; else 'partly' if `direction` (the source's direction holds); else 'no'."""
+    lo, hi = source if isinstance(source, tuple) else (source, source)
+    if lo * hi <= 0:
+        raise ValueError(f"source must be a non-zero value or a range of one sign; got {source!r}")
+    mags = sorted((abs(lo), abs(hi)))
+    same_sign = math.isfinite(book) and book * lo > 0
+    if same_sign and mags[0] / 2 <= abs(book) <= 2 * mags[1]:
+        return "yes"
+    return "partly" if direction else "no"
+
+
+COMPARISON_HEADERS: tuple[str, ...] = ("finding", "source", "§", "this chapter", "reproduces",
+                                       "source regime", "reproduces")
+
+
+def comparison_table(rows: Mapping[str, Sequence[str]]):
+    """A tables.Table: per SOURCE key in `rows`, the finding, the source's value and section, then the row's own cells."""
+    from .tables import Table
+
+    out = []
+    for key, cells in rows.items():
+        if key not in SOURCE:
+            raise ValueError(f"unknown source finding {key!r}; valid choices: {', '.join(SOURCE)}")
+        if len(cells) != len(COMPARISON_HEADERS) - 3:
+            raise ValueError(f"row {key!r} needs {len(COMPARISON_HEADERS) - 3} cells "
+                             f"({', '.join(COMPARISON_HEADERS[3:])}); got {len(cells)}")
+        fig = SOURCE[key]
+        out.append([fig.finding, fig.value, fig.section, *map(str, cells)])
+    return Table(COMPARISON_HEADERS, out)

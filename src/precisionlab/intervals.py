@@ -1210,11 +1210,7 @@ def propagate(target, x, reference_outputs: Sequence | None = None, rule: str = 
     r_outs = t_outs if reference_outputs is None else [_f64(r) for r in reference_outputs]
     bounds = []
     for i in range(start, end):
-        if i == 0:
-            inp = point(x, rule)
-        else:
-            inp = hull(t_outs[i - 1], r_outs[i - 1], value=t_outs[i - 1], rule=rule)
-        bounds.append(layers[i].interval(inp))
+        bounds.append(layers[i].interval(_layer_input(i, x, t_outs, r_outs, rule)))
     return bounds
 
 
@@ -1331,14 +1327,18 @@ def classify(target, reference, x, rule: str = "structure", reference_rule: str 
     return _analyse(layers, t_outs, ref_layers, r_outs, x, rule, reference_rule, start, end)
 
 
+def _layer_input(i, x, t_outs, r_outs, rule):
+    """Layer i's input interval: the point x for i = 0, else hull(target's, reference's outputs of layer i-1)."""
+    if i == 0:
+        return point(x, rule)
+    return hull(t_outs[i - 1], r_outs[i - 1], value=t_outs[i - 1], rule=rule)
+
+
 def _analyse(layers, t_outs, ref_layers, r_outs, x, rule, reference_rule, start, end) -> Verdict:
     """classify's loop, on outputs already computed."""
     checks = []
     for i in range(start, end):
-        if i == 0:
-            inp = point(x, rule)
-        else:
-            inp = hull(t_outs[i - 1], r_outs[i - 1], value=t_outs[i - 1], rule=rule)
+        inp = _layer_input(i, x, t_outs, r_outs, rule)
         bound = layers[i].interval(inp)
         ref_bound = None
         if reference_rule is not None:

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Cost of each diagnose function as a multiple of one training step (or one forward), and its
+peak memory beside the model's own, for a ~10^5- and a ~10^7-parameter transformer on CPU.
+
+Goals (issue 19): gradients and mismatch within 3x a training step, triage within 30x one
+forward, memory within 2x the model's own. Each measurement runs in a fresh subprocess so
+that its peak resident memory is its own.
+
+    python3 benchmarks/bench_diagnose.py            # both sizes
+    python3 benchmarks/bench_diagnose.py --small    # the 10^5 model only
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+
+SIZES = {"1e5": dict(vocab=96, d=48, layers=2, context=64, batch=8),
+         "1e7": dict(vocab=256, d=512, layers=3, context=64, batch=8)}
+JOBS = ("train_step", "forward", "gradients", "mismatch", "triage", "determinism")
+
+
+def build(vocab, d, layers, context, batch):
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = (z.view(b, t, 4, -1).transpose(1, 2)
+                       for z in self.qkv(self.ln1(x)).chunk(3, -1))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.out(y.transpose(1, 2).reshape(b, t, d))
+            return x + self.proj(F.gelu(self.fc(self.ln2(x))))
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+        def forward(self, idx):
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(self.norm(x))
+
+    torch.manual_seed(0)
+    model = LM().eval()
+    x = torch.randint(0, vocab, (batch, context))
+
+    def loss_fn(out):
+        return F.cross_entropy(out[:, :-1].reshape(-1, vocab), x[:, 1:].reshape(-1))
+    return model, x, loss_fn
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def one(size: str, job: str) -> dict:
+    """Time one job (best of 3 after a warm-up) and its peak memory, in this process."""
+    import torch
+
+    from precisionlab import diagnose
+
+    torch.set_num_threads(1)
+    model, x, loss_fn = build(**SIZES[size])
+    n = sum(p.numel() for p in model.parameters())
+    model_mib = n * 4 / 2**20
+    base = _rss_mib()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train_step():
+        loss = loss_fn(model(x))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    small = x[:2, :32]
+    low = copy.deepcopy(model).to(torch.bfloat16) if job == "triage" else None
+    runs = {
+        "train_step": train_step,
+        "forward": lambda: model(small) if job == "forward" else None,
+        "gradients": lambda: diagnose.gradients(model, loss_fn, x),
+        "mismatch": lambda: diagnose.mismatch(model, x),
+        "triage": lambda: diagnose.triage(model, low, small),
+        "determinism": lambda: diagnose.determinism(model, x, threads=(1, 2)),
+    }
+    fn = runs[job]
+    with torch.no_grad() if job == "forward" else torch.enable_grad():
+        fn()
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return {"params": n, "seconds": min(times), "model_mib": model_mib,
+            "extra_mib": _rss_mib() - base}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="only the 10^5-parameter model")
+    ap.add_argument("--one", nargs=2, metavar=("SIZE", "JOB"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one(*args.one)))
+        return
+    sizes = ["1e5"] if args.small else list(SIZES)
+    print("one thread; triage and forward on a 2 x 32 batch, the rest on 8 x 64 tokens")
+    print(f"{'model':>6} {'params':>9} {'job':>12} {'seconds':>9} {'multiple':>16} "
+          f"{'peak extra MiB':>15} {'/ model':>8}")
+    for size in sizes:
+        res = {}
+        for job in JOBS:
+            out = subprocess.run([sys.executable, __file__, "--one", size, job],
+                                 capture_output=True, text=True, check=True)
+            res[job] = json.loads(out.stdout.strip().splitlines()[-1])
+        step, fwd = res["train_step"]["seconds"], res["forward"]["seconds"]
+        for job in JOBS:
+            r = res[job]
+            if job in ("train_step", "forward"):
+                mult = "-"
+            elif job == "triage":
+                mult = f"{r['seconds'] / fwd:.1f} x forward"
+            else:
+                mult = f"{r['seconds'] / step:.1f} x step"
+            ratio = r["extra_mib"] / r["model_mib"] if r["model_mib"] else math.nan
+            print(f"{size:>6} {r['params']:>9} {job:>12} {r['seconds']:>9.4f} {mult:>16} "
+                  f"{r['extra_mib']:>15.1f} {ratio:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()

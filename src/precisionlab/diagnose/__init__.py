@@ -1,0 +1,42 @@
+"""The book's lessons pointed at the reader's own torch.nn.Module: four diagnoses.
+
+* `gradients(model, loss_fn, batch)` - will this train in float16 / bfloat16? Per gradient
+  tensor the entries a cast would flush, leave subnormal or overflow, the loss-scale range
+  that saves them, and the bfloat16 weights an optimizer step would not move.
+* `mismatch(model, batch)` - would PPO clip this from precision alone? beta per token between
+  two precision settings.
+* `triage(reference, target, inputs)` - round-off or bug? The target's torch operations,
+  traced as they run, bounded op by op with `precisionlab.intervals`; Type-I or Type-II
+  with the operation to blame.
+* `determinism(fn, inputs)` - which outputs and gradients change with the thread count or
+  the deterministic-algorithm flags, and by how many ulps.
+
+Each returns a `Report`: plain data, printed as a table, drawn by `.plot(ax=None)`.
+"""
+
+from .determinism import DeterminismReport, determinism, ulp_distance
+from .gradients import GradientReport, TensorGradients, cast_thresholds, gradients
+from .mismatch import SETTINGS, MismatchReport, logprobs, mismatch
+from .report import Report
+from .rules import supported
+from .triage import OpCheck, TriageReport, UnsupportedOperation, triage
+
+__all__ = [
+    "SETTINGS",
+    "DeterminismReport",
+    "GradientReport",
+    "MismatchReport",
+    "OpCheck",
+    "Report",
+    "TensorGradients",
+    "TriageReport",
+    "UnsupportedOperation",
+    "cast_thresholds",
+    "determinism",
+    "gradients",
+    "logprobs",
+    "mismatch",
+    "supported",
+    "triage",
+    "ulp_distance",
+]

@@ -1,0 +1,220 @@
+"""Which outputs depend on how the machine adds? Re-run a function under several thread counts
+(and deterministic-algorithm settings, and on CUDA cuDNN's flags) and compare every output and
+gradient entry with the first run, in units in the last place of its own format.
+
+The ulp distance of two values of one format is the difference of their positions in the
+format's ordered list of values: the bit patterns read as sign-magnitude integers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..tables import Table
+from .report import Report, as_inputs, check_scalar_loss, fmt_share, new_axes, rows_fit, short
+
+__all__ = ["DeterminismReport", "determinism", "ulp_distance"]
+
+_INT_OF = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+           torch.bfloat16: torch.int16}
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|ord(a) - ord(b)| per entry, ord the bit pattern as a sign-magnitude integer (0 = -0 = 0); NaN vs anything but NaN: -1."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        raise ValueError(f"a and b must share dtype and shape; got {a.dtype} {tuple(a.shape)} and "
+                         f"{b.dtype} {tuple(b.shape)}")
+    if a.dtype not in _INT_OF:
+        return (a != b).to(torch.int64)
+    it = _INT_OF[a.dtype]
+    bits = 8 * a.element_size()
+    top = 1 << (bits - 1)
+
+    def order(x):
+        i = x.contiguous().view(it).to(torch.int64)
+        if bits == 64:  # sign bit set: negative magnitudes
+            return torch.where(i < 0, -(i & 0x7FFFFFFFFFFFFFFF), i)
+        i = torch.where(i < 0, i + (1 << bits), i)  # the unsigned pattern
+        return torch.where(i >= top, -(i - top), i)
+
+    oa, ob = order(a), order(b)
+    same = (oa >= 0) == (ob >= 0)  # no int64 overflow; across signs a float64 sum is enough
+    d = torch.where(same, (oa - ob).abs(),
+                    (oa.to(torch.float64).abs() + ob.to(torch.float64).abs())
+                    .clamp(max=2.0**62).to(torch.int64))
+    na, nb = torch.isnan(a), torch.isnan(b)
+    d = torch.where(na & nb, torch.zeros_like(d), d)
+    return torch.where(na ^ nb, torch.full_like(d, -1), d)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One tensor under one setting against the baseline: entries that changed and by how many ulps."""
+
+    tensor: str
+    setting: str
+    numel: int
+    changed: int
+    max_ulps: int  # -1: a NaN appeared or vanished
+
+
+@dataclass(frozen=True)
+class DeterminismReport(Report):
+    """determinism()'s result: the settings run, and per tensor and setting what changed."""
+
+    baseline: str
+    settings: tuple  # setting labels, baseline first
+    tensors: tuple  # tensor names, outputs then gradients
+    changes: tuple  # Change per (tensor, non-baseline setting)
+    title: str = "outputs that depend on the machine's order of additions"
+
+    def changed(self, tensor: str | None = None) -> int:
+        """Entries that differ from the baseline under some setting (one tensor or all)."""
+        return sum(c.changed for c in self.changes if tensor is None or c.tensor == tensor)
+
+    @property
+    def sensitive(self) -> tuple:
+        """Names of the tensors that changed under at least one setting."""
+        return tuple(t for t in self.tensors if any(c.tensor == t and c.changed for c in self.changes))
+
+    def summary(self) -> str:
+        """Which tensors changed, against which baseline."""
+        s = self.sensitive
+        what = ", ".join(s[:4]) + (f" (+{len(s) - 4})" if len(s) > 4 else "") if s else "none"
+        head = f"baseline {self.baseline}; settings compared: {', '.join(self.settings[1:])}"
+        return "\n".join([head, *textwrap.wrap(f"tensors that changed: {what}", 80,
+                                                subsequent_indent="  ")])
+
+    def table(self, limit: int = 24) -> Table:
+        """Per tensor and setting: share of entries changed and the largest change in ulps."""
+        heads = ["tensor", "entries"] + [short(s, 14) for s in self.settings[1:]]
+        rows = []
+        for t in self.tensors:
+            cs = [c for c in self.changes if c.tensor == t]
+            cells = []
+            for c in cs:
+                if not c.changed:
+                    cells.append("same")
+                else:
+                    u = "NaN" if c.max_ulps < 0 else f"{c.max_ulps} ulp"
+                    cells.append(f"{fmt_share(c.changed / c.numel)}, {u}")
+            rows.append([short(t, 26), str(cs[0].numel if cs else 0), *cells])
+        return Table(heads, rows_fit(rows, limit))
+
+    def plot(self, ax=None):
+        """Share of entries changed per tensor (bars), one colour per setting."""
+        ax = new_axes(ax)
+        settings = self.settings[1:]
+        w = 0.8 / max(len(settings), 1)
+        x = np.arange(len(self.tensors))
+        for j, s in enumerate(settings):
+            share = [next((c.changed / c.numel for c in self.changes
+                           if c.tensor == t and c.setting == s and c.numel), 0.0)
+                     for t in self.tensors]
+            ax.bar(x + j * w, share, width=w, label=s)
+        ax.set_xticks(x + w * (len(settings) - 1) / 2)
+        ax.set_xticklabels([short(t, 18) for t in self.tensors], rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("share of entries changed")
+        ax.legend(fontsize=7)
+        return ax
+
+
+@contextlib.contextmanager
+def _setting(threads: int | None, deterministic: bool):
+    old_t = torch.get_num_threads()
+    old_d = torch.are_deterministic_algorithms_enabled()
+    old_c = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    try:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+        yield
+    finally:
+        torch.set_num_threads(old_t)
+        torch.use_deterministic_algorithms(old_d)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old_c
+
+
+def _flatten(out, name="output") -> list[tuple[str, torch.Tensor]]:
+    if isinstance(out, torch.Tensor):
+        return [(name, out)]
+    if isinstance(out, (tuple, list)):
+        res = []
+        for i, o in enumerate(out):
+            res += _flatten(o, f"{name}[{i}]")
+        return res
+    if isinstance(out, dict):
+        res = []
+        for k, o in out.items():
+            res += _flatten(o, f"{name}[{k!r}]")
+        return res
+    return []
+
+
+def _run(fn, inputs, loss_fn, params):
+    with torch.enable_grad() if loss_fn is not None else torch.no_grad():
+        out = fn(*inputs)
+        named = [(n, t.detach().clone()) for n, t in _flatten(out)]
+        if not named:
+            raise ValueError(f"fn must return a tensor or a tuple/list/dict of tensors; got "
+                             f"{type(out).__name__}")
+        if loss_fn is not None:
+            loss = check_scalar_loss(loss_fn(out))
+            grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+            named += [(f"grad {n}", torch.zeros_like(p) if g is None else g.detach().clone())
+                      for (n, p), g in zip(params, grads, strict=True)]
+    return named
+
+
+def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: bool = True,
+                repeats: int = 1, loss_fn: Callable | None = None) -> DeterminismReport:
+    """Run fn(*inputs) with each thread count (then, if deterministic, with
+    torch.use_deterministic_algorithms and cuDNN's deterministic flags; repeats: extra runs of
+    the first setting) and count, per output and gradient entry, |ord(x) - ord(x_baseline)| > 0.
+
+    loss_fn(output) -> scalar adds the gradients of fn's parameters (fn a Module) to the comparison.
+    """
+    if not callable(fn):
+        raise ValueError(f"fn must be callable (a Module or a function); got {type(fn).__name__}")
+    ins = as_inputs(inputs, "inputs")
+    ts = tuple(threads)
+    if not ts or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in ts):
+        raise ValueError(f"threads must be a non-empty list of positive integers; got {threads!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
+        raise ValueError(f"repeats must be an integer >= 0; got repeats={repeats!r}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise ValueError(f"loss_fn must be callable or None; got {loss_fn!r}")
+    params = []
+    if loss_fn is not None:
+        if not isinstance(fn, torch.nn.Module):
+            raise ValueError("loss_fn needs fn to be a torch.nn.Module (its parameters get gradients)")
+        params = [(n, p) for n, p in fn.named_parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("fn has no parameters with requires_grad=True for loss_fn's gradients")
+    plan = [(f"{ts[0]} thread" + ("s" if ts[0] > 1 else ""), ts[0], False)]
+    plan += [(f"repeat {i + 1}", ts[0], False) for i in range(repeats)]
+    plan += [(f"{t} threads" if t > 1 else "1 thread", t, False) for t in ts[1:]]
+    if deterministic:
+        plan.append(("deterministic", ts[0], True))
+    runs = []
+    for _, t, d in plan:
+        with _setting(t, d):
+            runs.append(_run(fn, ins, loss_fn, params))
+    base = runs[0]
+    changes = []
+    for (label, _, _), run in zip(plan[1:], runs[1:], strict=True):
+        for (name, b), (_, x) in zip(base, run, strict=True):
+            d = ulp_distance(x, b)
+            n_changed = int((d != 0).sum())
+            mx = -1 if bool((d < 0).any()) else int(d.max()) if d.numel() else 0
+            changes.append(Change(name, label, b.numel(), n_changed, mx))
+    return DeterminismReport(plan[0][0], tuple(p[0] for p in plan), tuple(n for n, _ in base),
+                             tuple(changes))

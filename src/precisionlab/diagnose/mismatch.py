@@ -1,0 +1,210 @@
+"""Would PPO clip this from precision alone? Per-token log-probabilities of a language model under
+two precision settings, and beta = log p_reference - log p_other per token (chapter 6).
+
+A setting is a name: "float32" or "float64" (the model as it is, or cast up), "bfloat16" or
+"float16" (a copy of the model with every weight and floating input cast, as an inference
+engine stores them), "autocast_bfloat16" or "autocast_float16" (float32 weights under
+torch.autocast, as a mixed-precision trainer runs them); or a callable inputs -> logits. The
+log-softmax is taken in float32 from each setting's logits; beta in float64.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..tables import Table
+from .report import Report, as_inputs, check_module, fmt_share, new_axes
+
+__all__ = ["SETTINGS", "MismatchReport", "logprobs", "mismatch"]
+
+SETTINGS: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16", "autocast_bfloat16",
+                             "autocast_float16")
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+           "float16": torch.float16}
+
+
+def _logits_of(out, name: str) -> torch.Tensor:
+    """The logits in a model's output: a tensor, or an object with .logits (Hugging Face)."""
+    if not isinstance(out, torch.Tensor) and hasattr(out, "logits"):
+        out = out.logits
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.ndim < 2 \
+            or out.shape[-1] < 2:
+        what = (f"a tensor of shape {tuple(out.shape)} and dtype {out.dtype}"
+                if isinstance(out, torch.Tensor) else type(out).__name__)
+        raise ValueError(f"{name} must return logits (a floating tensor (..., vocabulary) with "
+                         f"vocabulary >= 2); got {what}")
+    return out
+
+
+def _runner(model, setting) -> Callable:
+    """A function inputs -> logits that runs model under setting."""
+    if callable(setting) and not isinstance(setting, str):
+        return lambda inputs: _logits_of(setting(*inputs), "the setting callable")
+    if setting not in SETTINGS:
+        raise ValueError(f"unknown precision setting {setting!r}; valid choices: "
+                         f"{', '.join(SETTINGS)}, or a callable inputs -> logits")
+    if setting.startswith("autocast_"):
+        dtype = _DTYPES[setting.removeprefix("autocast_")]
+        dev = next(model.parameters()).device.type
+
+        def run(inputs):
+            with torch.autocast(dev, dtype=dtype):
+                return _logits_of(model(*inputs), "model")
+        return run
+    dtype = _DTYPES[setting]
+    if all(p.dtype == dtype for p in model.parameters()):
+        m = model
+    else:
+        m = copy.deepcopy(model).to(dtype)
+
+    def run(inputs):
+        cast = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                     for x in inputs)
+        return _logits_of(m(*cast), "model")
+    return run
+
+
+def logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[target] per position, the log-softmax taken in float32."""
+    lp = torch.log_softmax(logits.to(torch.float32), dim=-1)
+    return lp.gather(-1, targets.unsqueeze(-1).to(torch.int64)).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class MismatchReport(Report):
+    """mismatch()'s result: per-token log-probabilities under both settings and beta."""
+
+    reference: str
+    other: str
+    eps: float
+    logp_reference: np.ndarray  # float64, shape of the targets
+    logp_other: np.ndarray
+    beta: np.ndarray  # logp_reference - logp_other
+    targets: np.ndarray
+    top: int = 5
+    title: str = "per-token precision mismatch"
+
+    @property
+    def ratio(self) -> np.ndarray:
+        """exp(beta): the PPO ratio precision alone contributes."""
+        return np.exp(self.beta)
+
+    @property
+    def outside(self) -> np.ndarray:
+        """True where exp(beta) lies outside [1 - eps, 1 + eps]."""
+        r = self.ratio
+        return (r < 1 - self.eps) | (r > 1 + self.eps)
+
+    @property
+    def share_outside(self) -> float:
+        """Share of tokens whose precision ratio alone leaves 1 +- eps."""
+        return float(self.outside.mean()) if self.beta.size else 0.0
+
+    @property
+    def mean(self) -> float:
+        """Mean beta (math.fsum)."""
+        return math.fsum(self.beta.ravel()) / self.beta.size
+
+    @property
+    def std(self) -> float:
+        """Standard deviation of beta (population)."""
+        m = self.mean
+        return math.sqrt(math.fsum((self.beta.ravel() - m) ** 2) / self.beta.size)
+
+    @property
+    def max_abs(self) -> float:
+        """Largest |beta|."""
+        return float(np.max(np.abs(self.beta)))
+
+    def worst(self, k: int | None = None) -> list[tuple]:
+        """The k positions with the largest |beta|: (index tuple, target token, logp_reference, beta)."""
+        k = self.top if k is None else k
+        flat = np.argsort(-np.abs(self.beta).ravel(), kind="stable")[:k]
+        out = []
+        for f in flat:
+            idx = np.unravel_index(f, self.beta.shape)
+            out.append((tuple(int(i) for i in idx), int(self.targets[idx]),
+                        float(self.logp_reference[idx]), float(self.beta[idx])))
+        return out
+
+    def summary(self) -> str:
+        """beta's spread and the share of tokens outside 1 +- eps."""
+        return (f"beta = log p[{self.reference}] - log p[{self.other}], {self.beta.size} "
+                f"tokens\nmean {self.mean:.2e}, std {self.std:.2e}, max |beta| "
+                f"{self.max_abs:.3g}\nexp(beta) outside 1 +- {self.eps:g}: "
+                f"{fmt_share(self.share_outside)} of tokens")
+
+    def table(self) -> Table:
+        """The tokens most affected: position, token, log p under the reference, beta, exp(beta)."""
+        rows = [[str(idx), str(tok), f"{lp:.3f}", f"{b:+.3e}", f"{math.exp(b):.4f}"]
+                for idx, tok, lp, b in self.worst()]
+        return Table(["position", "token", f"log p {self.reference}", "beta", "exp(beta)"], rows)
+
+    def plot(self, ax=None):
+        """|beta| against the reference log-probability, median per bin."""
+        from ..plotting import plot_beta_vs_logprob
+
+        ax = new_axes(ax)
+        plot_beta_vs_logprob(self.logp_reference.ravel(), self.beta.ravel(), ax=ax)
+        ax.set_ylabel(f"|beta| = |log p {self.reference} - log p {self.other}|")
+        return ax
+
+
+def _targets(inputs, logits, targets):
+    """(logits, targets) aligned: given targets must match logits.shape[:-1]; by default the next tokens of inputs[0]."""
+    if targets is None:
+        x = inputs[0]
+        if x.is_floating_point() or tuple(x.shape) != tuple(logits.shape[:-1]):
+            raise ValueError("targets=None takes the next token of the first input as target, "
+                             "which needs integer token ids shaped like the logits without their "
+                             f"last axis {tuple(logits.shape[:-1])}; got {x.dtype} "
+                             f"{tuple(x.shape)}: pass targets=")
+        return logits[..., :-1, :], x[..., 1:]
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or \
+            tuple(targets.shape) != tuple(logits.shape[:-1]):
+        got = (f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, torch.Tensor)
+               else type(targets).__name__)
+        raise ValueError(f"targets must be integer token ids of shape {tuple(logits.shape[:-1])}"
+                         f" (the logits without their last axis); got {got}")
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= logits.shape[-1]):
+        raise ValueError(f"targets must lie in 0..{logits.shape[-1] - 1}; got "
+                         f"{int(targets.min())}..{int(targets.max())}")
+    return logits, targets
+
+
+def mismatch(model, batch, targets=None, reference="float32", other="bfloat16",
+             eps: float = 0.2, top: int = 5) -> MismatchReport:
+    """beta_t = log p_reference(y_t) - log p_other(y_t) per token, from one forward per setting.
+
+    model returns logits (..., vocabulary); batch is a tensor or tuple of inputs; targets the
+    token ids scored (default: the next token of batch's token ids). eps: PPO's clip range.
+    """
+    check_module(model)
+    inputs = as_inputs(batch)
+    if not (isinstance(eps, (int, float)) and 0 < eps < 1):
+        raise ValueError(f"eps must be a number in (0, 1); got eps={eps!r}")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be a positive integer; got top={top!r}")
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            lr_, lo_ = _runner(model, reference)(inputs), _runner(model, other)(inputs)
+    finally:
+        model.train(was_training)
+    if lr_.shape != lo_.shape:
+        raise ValueError(f"the two settings return logits of different shapes {tuple(lr_.shape)} "
+                         f"and {tuple(lo_.shape)}")
+    a, t = _targets(inputs, lr_, targets)
+    b, _ = _targets(inputs, lo_, targets)
+    pa = logprobs(a, t).to(torch.float64).cpu().numpy()
+    pb = logprobs(b, t).to(torch.float64).cpu().numpy()
+    name = lambda s: s if isinstance(s, str) else getattr(s, "__name__", "custom")  # noqa: E731
+    return MismatchReport(name(reference), name(other), float(eps), pa, pb, pa - pb,
+                          t.cpu().numpy(), top)

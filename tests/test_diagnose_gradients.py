@@ -1,0 +1,134 @@
+"""diagnose.gradients against direct torch casts, torch.amp.GradScaler and ml_dtypes."""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from diagnose_models import SmallCNN
+
+from precisionlab import diagnose
+
+
+def _cnn_case(seed=0, factor=1e-5):
+    torch.manual_seed(seed)
+    m = SmallCNN()
+    x = torch.randn(4, 1, 8, 8)
+    y = torch.randint(0, 10, (4,))
+
+    def loss_fn(out):
+        return F.cross_entropy(out, y) * factor
+    return m, x, loss_fn
+
+
+def _direct_grads(m, x, loss_fn):
+    return torch.autograd.grad(loss_fn(m(x)), list(m.parameters()))
+
+
+@pytest.mark.parametrize("scale_exp", [0, 10, 40])
+def test_shares_match_direct_casts(scale_exp):
+    m, x, loss_fn = _cnn_case()
+    r = diagnose.gradients(m, loss_fn, x, scale=2.0**scale_exp)
+    grads = _direct_grads(m, x, loss_fn)
+    seen = {"flushed": 0, "subnormal": 0, "overflow": 0}
+    for t, g in zip([t for t in r.tensors if t.kind == "parameter"], grads, strict=True):
+        gs = g * 2.0**scale_exp  # exact: a power of two, no float32 overflow here
+        for fmt, dt in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+            c = gs.to(dt)
+            small = torch.finfo(dt).tiny
+            assert t.flushed[fmt] == int(((gs != 0) & (c == 0)).sum())
+            assert t.subnormal[fmt] == int(((c != 0) & (c.abs() < small)).sum())
+            assert t.overflow[fmt] == int((torch.isinf(c) & torch.isfinite(gs)).sum())
+            for k in seen:
+                seen[k] += getattr(t, k)[fmt]
+        assert t.numel == g.numel() and t.max_abs == float(g.abs().max())
+    # the case exercises what it checks: fp16 flushes and subnormals at 2^0, overflow at 2^40
+    if scale_exp == 0:
+        assert seen["flushed"] > 0 and seen["subnormal"] > 0
+    if scale_exp == 40:
+        assert seen["overflow"] > 0
+
+
+def test_scale_range_against_gradscaler():
+    m, x, loss_fn = _cnn_case(factor=1e-3)
+    r = diagnose.gradients(m, loss_fn, x, tail=0.01)
+    lo, hi = r.scale_range["float16"]
+    grads = _direct_grads(m, x, loss_fn)
+
+    def skipped(k):  # GradScaler's verdict on float16 gradients scaled by 2^k
+        p = torch.nn.Parameter(torch.zeros(sum(g.numel() for g in grads)))
+        p.grad = torch.cat([(g * 2.0**k).reshape(-1) for g in grads]).half().float()
+        opt = torch.optim.SGD([p], lr=1.0)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**k)
+        scaler.scale(torch.ones(()))  # creates the scale tensor, as a real loop's loss would
+        scaler.step(opt)
+        scaler.update()
+        return scaler.get_scale() < 2.0**k
+    assert not skipped(hi) and skipped(hi + 1)
+    # the low end: no more than tail of the nonzero entries below 2^-14 after scaling, by float64
+    flat = torch.cat([g.reshape(-1) for g in grads]).double()
+    nz = flat[flat != 0].abs()
+
+    def below(k):
+        return float((nz * 2.0**k < 2.0**-14).double().mean())
+    assert below(lo) <= 0.01 < below(lo - 1)
+    assert math.isclose(r.below_normal("float16", lo), below(lo))
+
+
+def test_swallowed_updates_against_ml_dtypes():
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(64, 8, bias=False)
+    with torch.no_grad():  # powers of two and their neighbours: the asymmetric case of chapter 1
+        w = 2.0 ** torch.randint(-3, 3, (8, 64)).double()
+        w[::2] *= torch.where(torch.rand(4, 64) < 0.5, 1.0, 1 + 2.0**-7).double()
+        lin.weight.copy_(w.float() * torch.where(torch.rand(8, 64) < 0.5, 1.0, -1.0))
+    x = torch.randn(16, 64)
+    lr = 2.0**-9
+
+    def loss_fn(out):
+        return out.square().mean()
+    for opt in ("sgd", "adam"):
+        r = diagnose.gradients(lin, loss_fn, x, lr=lr, optimizer=opt)
+        (g,) = torch.autograd.grad(loss_fn(lin(x)), [lin.weight])
+        wb = lin.weight.detach().to(torch.bfloat16).double().numpy()
+        gd = g.double().numpy()
+        step = -lr * (gd if opt == "sgd" else np.sign(gd))
+        moved = (wb + step).astype(ml_dtypes.bfloat16).astype(np.float64) != wb
+        upd = step != 0
+        assert r.tensors[0].updated == int(upd.sum())
+        assert r.tensors[0].swallowed == int((~moved & upd).sum())
+        assert 0 < r.swallowed_share < 1  # both outcomes occur
+
+
+def test_activation_gradients_and_display():
+    m, x, loss_fn = _cnn_case()
+    r = diagnose.gradients(m, loss_fn, x, activations=True, lr=1e-3)
+    acts = [t.name for t in r.tensors if t.kind == "activation"]
+    assert acts == ["c1", "c2", "head"]
+    text = str(r)
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "fix" in r.fixes().to_text()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert r.plot() is not None
+    m.zero_grad()
+    assert all(p.grad is None for p in m.parameters())  # the model's own grads are untouched
+
+
+def test_bad_input_names_the_argument():
+    m, x, loss_fn = _cnn_case()
+    with pytest.raises(ValueError, match=r"model must be a torch\.nn\.Module"):
+        diagnose.gradients(lambda z: z, loss_fn, x)
+    with pytest.raises(ValueError, match="scalar"):
+        diagnose.gradients(m, lambda out: out, x)
+    with pytest.raises(ValueError, match="no parameters"):
+        diagnose.gradients(torch.nn.ReLU(), lambda out: out.sum(), x)
+    with pytest.raises(ValueError, match="scale must be a power of two"):
+        diagnose.gradients(m, loss_fn, x, scale=1000)
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        diagnose.gradients(m, loss_fn, x, lr=1e-3, optimizer="lion")
+    with pytest.raises(ValueError, match="batch must be"):
+        diagnose.gradients(m, loss_fn, None)

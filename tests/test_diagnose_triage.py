@@ -1,0 +1,134 @@
+"""diagnose.triage: identical programs are never Type-II, precision copies are round-off, and
+planted bugs a few bound-widths wide are caught at the operation that makes them."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from diagnose_models import MaskedEncoder, SmallCNN, encoder_batch
+
+from precisionlab import diagnose, intervals
+
+
+def _encoder(seed, mask="additive", dtype=torch.float32):
+    torch.manual_seed(seed)
+    return MaskedEncoder(mask=mask).eval().to(dtype)
+
+
+@pytest.mark.parametrize("mask", ["additive", "inf"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_identical_programs_are_never_type_ii(mask, dtype):
+    for seed in range(2):
+        m = _encoder(seed, mask, dtype)
+        batch = encoder_batch(seed)
+        r = diagnose.triage(m, m, batch)
+        assert r.verdict == "Type-I", r.summary()
+        assert r.paired == len(r.checks) > 20 and not r.unsound
+
+
+@pytest.mark.parametrize("mask", ["additive", "inf"])
+def test_precision_copies_are_round_off(mask):
+    m = _encoder(3, mask)
+    batch = encoder_batch(3)
+    low = copy.deepcopy(m).to(torch.bfloat16)  # weights rounded before anything is traced
+    assert diagnose.triage(m, low, batch).verdict == "Type-I"
+
+    def autocast(tokens, pad):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return m(tokens, pad)
+    r = diagnose.triage(m, autocast, batch)
+    assert r.verdict == "Type-I" and r.paired > 20 and not r.unsound
+    # and the copies do differ from the reference by far more than float32 round-off
+    with torch.no_grad():
+        gap = (m(*batch) - low(*batch).float()).abs().max()
+    assert gap > 1e-3
+
+
+def test_any_summation_order_is_round_off():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(300, 4).eval()
+    x = torch.randn(5, 300)
+
+    def reversed_sum(z):  # the same products, summed in float32 from the last to the first
+        prods = (z[:, None, :] * lin.weight[None, :, :]).flip(-1)
+        return prods.cumsum(-1)[..., -1] + lin.bias
+    r = diagnose.triage(reversed_sum, lin, x)
+    assert r.verdict == "Type-I"
+    with torch.no_grad():
+        assert not torch.equal(reversed_sum(x), lin(x))  # the orders really differ
+
+
+def test_planted_bug_of_a_few_bound_widths_is_caught():
+    m = _encoder(4)
+    batch = encoder_batch(4)
+    clean = diagnose.triage(m, m, batch)
+    head = [c for c in clean.checks if c.op.startswith("head: linear")][-1]
+    width = head.width  # at the worst element of the final linear
+    for factor, caught in ((3.0, True), (0.0, False)):
+        bug = copy.deepcopy(m)
+        delta = torch.zeros((*batch[0].shape, 23))
+        delta[head.element] = factor * width
+        bug.head.register_forward_hook(lambda _m, _i, out, d=delta: out + d)
+        r = diagnose.triage(m, bug, batch)
+        assert (r.verdict == "Type-II") == caught, r.summary()
+        if caught:
+            assert r.blamed.op.startswith("head: add") and r.blamed.outside == 1
+            assert r.blamed.element == head.element
+            assert r.blamed.widths_outside > 1
+
+
+def test_planted_mask_and_scale_bugs_are_blamed():
+    m = _encoder(5, "inf")
+    tokens, pad = encoder_batch(5)
+    wrong = pad.clone()
+    wrong[1] = False  # the second row forgets its padding
+    r = diagnose.triage(lambda t, p: m(t, pad), lambda t, p: m(t, wrong), (tokens, pad))
+    assert r.verdict == "Type-II" and "masked_fill" in r.blamed.op
+    bad = copy.deepcopy(m)
+    bad.layers[1].n1.eps = 1.0  # a normalisation with the wrong epsilon
+    r = diagnose.triage(m, bad, (tokens, pad))
+    assert r.verdict == "Type-II" and r.blamed.op.startswith("layers.1.n1: layer_norm")
+
+
+def test_declared_kernel_tightens_the_bound():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 3).eval()
+    x = torch.randn(4, 256)
+    loose = diagnose.triage(lin, lin, x)
+    k = intervals.Kernel("blocked", acc="float32", block=16)
+    tight = diagnose.triage(lin, lin, x, kernels={"linear": k})
+    assert tight.verdict == loose.verdict == "Type-I"
+    assert tight.checks[-1].width < loose.checks[-1].width
+    assert tight.kernels and "blocked" in tight.kernels[0][1]
+
+
+def test_unsupported_operations_raise_naming_them():
+    torch.manual_seed(0)
+    cnn = SmallCNN().eval()
+    with pytest.raises(diagnose.UnsupportedOperation, match="'conv2d' in module 'c1'"):
+        diagnose.triage(cnn, cnn, torch.randn(1, 1, 4, 4))
+    with pytest.raises(diagnose.UnsupportedOperation, match="dropout in training mode"):
+        d = torch.nn.Dropout(0.5).train()
+        diagnose.triage(d, d, torch.randn(3))
+    with pytest.raises(ValueError, match="different shapes"):
+        diagnose.triage(lambda x: x * 2, lambda x: x[:1] * 2, torch.randn(3))
+    with pytest.raises(ValueError, match="target must be callable"):
+        diagnose.triage(torch.sin, 3, torch.randn(3))
+
+
+def test_report_displays_and_plots():
+    m = _encoder(6)
+    batch = encoder_batch(6)
+    bug = copy.deepcopy(m)
+    with torch.no_grad():
+        bug.layers[0].f2.bias += 1.0
+    r = diagnose.triage(m, bug, batch)
+    assert r.verdict == "Type-II"
+    assert all(len(line) <= 80 for line in str(r).splitlines()), str(r)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert r.plot() is not None
+    assert np.isfinite(r.blamed.widths_outside)
+    assert "layer_norm" in diagnose.supported() and "conv2d" not in diagnose.supported()

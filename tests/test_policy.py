@@ -11,8 +11,10 @@ from precisionlab.policy import (
     PRECISIONS,
     WEIGHT_POLICIES,
     GroupNorm32,
+    PrecisionPolicy,
     autocast_device_type,
     autocast_output_dtypes,
+    autocast_rounded_once,
     compare_weight_policies,
     make_block,
     precision_policy,
@@ -40,18 +42,118 @@ def test_unsupported_devices_are_named(device):
         autocast_device_type(device)
 
 
-@pytest.mark.parametrize("precision, device, dtype, scaler", [
-    ("fp32", "cpu", None, False), ("float32", "mps", None, False),
-    ("bf16", "cpu", torch.bfloat16, False), ("bfloat16", "mps", torch.bfloat16, False),
-    ("bf16", "cuda:0", torch.bfloat16, False), ("fp16", "cuda", torch.float16, True),
-    ("half", torch.device("cuda", 2), torch.float16, True),
+@pytest.mark.parametrize("precision, device, capability, dtype, scaler", [
+    ("fp32", "cpu", None, None, False), ("float32", "mps", None, None, False),
+    ("bf16", "cpu", None, torch.bfloat16, False), ("bfloat16", "mps", None, torch.bfloat16, False),
+    ("bf16", "cuda:0", (8, 0), torch.bfloat16, False), ("fp16", "cuda", None, torch.float16, True),
+    ("fp16", "cuda", (7, 5), torch.float16, True),
+    ("half", torch.device("cuda", 2), None, torch.float16, True),
 ])
-def test_precision_policy(precision, device, dtype, scaler):
-    p = precision_policy(precision, device)
+def test_precision_policy(precision, device, capability, dtype, scaler):
+    p = precision_policy(precision, device, capability=capability)
     assert p.autocast_dtype == dtype and p.use_loss_scaler == scaler
     assert p.precision in PRECISIONS and p.device_type in DEVICE_TYPES
-    s = p.loss_scaler()
+    assert p.capability == capability
+    s = p.loss_scaler(kind="book")
     assert isinstance(s, DynamicLossScaler) and s.is_enabled() == scaler
+
+
+@pytest.mark.parametrize("capability", [(7, 0), (7, 5), (6, 1), (3, 7)])
+def test_bf16_on_cuda_below_compute_capability_8_is_refused(capability):
+    """V100 (7.0), T4 and RTX 20xx (7.5), Pascal (6.x): no bfloat16 units."""
+    with pytest.raises(ValueError, match=rf"compute capability >= 8\.0.*has "
+                                         rf"{capability[0]}\.{capability[1]}.*Valid choices "
+                                         r"there: fp16 \(with the loss scaler\), fp32"):
+        precision_policy("bf16", "cuda:0", capability=capability)
+    # fp16 and fp32 stay available on the same card.
+    assert precision_policy("fp16", "cuda:0", capability=capability).use_loss_scaler
+    assert precision_policy("fp32", "cuda:0", capability=capability).autocast_dtype is None
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)])
+def test_bf16_on_cuda_from_compute_capability_8_is_accepted(capability):
+    p = precision_policy("bf16", "cuda", capability=capability)
+    assert p.autocast_dtype == torch.bfloat16 and not p.use_loss_scaler
+    assert f"compute capability {capability[0]}.{capability[1]}" in str(p)
+
+
+@pytest.mark.parametrize("reported, ok", [((7, 5), False), ((8, 0), True), ((9, 0), True)])
+def test_bf16_asks_the_device_for_its_capability(monkeypatch, reported, ok):
+    """With no capability given, the policy asks torch.cuda for the named device's own."""
+    asked = []
+
+    def fake_capability(device=None):
+        asked.append(device)
+        return reported
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", fake_capability)
+    if ok:
+        assert precision_policy("bf16", "cuda:1").capability == reported
+    else:
+        with pytest.raises(ValueError, match=r"has 7\.5"):
+            precision_policy("bf16", "cuda:1")
+    assert asked == ["cuda:1"]
+    # Only bf16 on CUDA needs it.
+    precision_policy("fp16", "cuda:1")
+    precision_policy("bf16", "cpu")
+    assert asked == ["cuda:1"]
+
+
+def test_bf16_on_cuda_without_a_visible_device_asks_for_the_capability(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"no CUDA device is visible.*capability=\(major, minor\)"):
+        precision_policy("bf16", "cuda")
+
+
+@pytest.mark.parametrize("capability", [(8,), (8, 0, 1), "8.0", (8.0, 0), (True, 0), (-1, 0), 8])
+def test_bad_capability_is_named(capability):
+    with pytest.raises(ValueError, match=r"capability must be \(major, minor\).*got capability="):
+        precision_policy("bf16", "cuda", capability=capability)
+
+
+@pytest.mark.parametrize("device", ["cpu", "mps"])
+def test_capability_belongs_to_cuda_devices(device):
+    with pytest.raises(ValueError, match=r"is a CUDA compute capability.*valid choices"):
+        precision_policy("bf16", device, capability=(8, 0))
+
+
+def test_is_bf16_supported_counts_emulation_by_default():
+    """Why the policy does not use torch.cuda.is_bf16_supported(): its default counts emulation."""
+    import inspect
+
+    sig = inspect.signature(torch.cuda.is_bf16_supported).parameters
+    assert sig["including_emulation"].default is True
+
+
+def test_loss_scaler_hands_out_torchs_gradscaler():
+    off = precision_policy("bf16", "cpu").loss_scaler()
+    assert isinstance(off, torch.amp.GradScaler) and not off.is_enabled()
+    # An enabled policy's scaler is GradScaler on the policy's device, with the kwargs given.
+    on = PrecisionPolicy("fp16", "cpu", torch.float16, True).loss_scaler(init_scale=2.0**10,
+                                                                       growth_interval=3)
+    assert isinstance(on, torch.amp.GradScaler) and on.is_enabled()
+    assert on.get_scale() == 2.0**10 and on.get_growth_interval() == 3
+    book = PrecisionPolicy("fp16", "cpu", torch.float16, True).loss_scaler(
+        kind="book", init_scale=2.0**10, growth_interval=3)
+    assert isinstance(book, DynamicLossScaler) and book.get_scale() == 2.0**10
+    # Both follow one rule: the same steps skipped and the same scales, step by step.
+    for scaler in (on, book):
+        p = torch.nn.Parameter(torch.zeros(3))
+        opt = torch.optim.SGD([p], lr=0.1)
+        seen = []
+        for g in [1.0, 1.0, float("inf"), 1.0, 1.0, 1.0, 1.0, float("nan")]:
+            p.grad = scaler.scale(torch.full((3,), g))
+            scaler.step(opt)
+            scaler.update()
+            seen.append(scaler.get_scale())
+        if scaler is on:
+            want = seen
+        else:
+            assert seen == want == [2.0**10, 2.0**10, 2.0**9, 2.0**9, 2.0**9, 2.0**10, 2.0**10,
+                                    2.0**9]
+    with pytest.raises(ValueError, match=r"kind.*valid choices: torch, book"):
+        precision_policy("bf16", "cpu").loss_scaler(kind="apex")
 
 
 @pytest.mark.parametrize("device", ["cpu", "mps", torch.device("cpu")])
@@ -78,11 +180,55 @@ def test_policy_autocast_context_matches_torch_autocast():
 def test_autocast_output_dtypes_agree_with_direct_calls():
     table = autocast_output_dtypes("cpu", torch.bfloat16)
     x = torch.randn(3, 8)
+    f = torch.nn.functional
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert table["linear"][0] == str(torch.nn.functional.linear(x, x).dtype)[6:]
+        assert table["linear"][0] == str(f.linear(x, x).dtype)[6:]
         assert table["mse_loss"] == ("float32", "float32")
-        ln_lo = torch.nn.functional.layer_norm(x.bfloat16(), (8,)).dtype
+        ln_lo = f.layer_norm(x.bfloat16(), (8,)).dtype
+        direct = {"prod": torch.prod(x.bfloat16(), 1), "cdist": torch.cdist(x.bfloat16(), x.bfloat16()),
+                  "cross_entropy": f.cross_entropy(x.bfloat16(), torch.tensor([0, 3, 7]))}
     assert table["layer_norm"][1] == str(ln_lo)[6:]
+    for name, out in direct.items():
+        assert table[name][1] == str(out.dtype)[6:]
+
+
+def _pinned_torch() -> str:
+    from pathlib import Path
+
+    req = Path(__file__).resolve().parents[1] / "requirements.txt"
+    return next(line.split("==")[1].strip() for line in req.read_text().splitlines()
+                if line.startswith("torch=="))
+
+
+def test_the_cpu_autocast_table_chapter_5_describes():
+    """Chapter 5's sentences describe the pinned torch's CPU autocast; the test command installs it."""
+    pinned = _pinned_torch()
+    if torch.__version__.split("+")[0] != pinned:
+        pytest.skip(f"chapter 5 describes torch {pinned}; this is torch {torch.__version__}")
+    lo, hi = ("bfloat16", "bfloat16"), ("float32", "float32")
+    follow = ("float32", "bfloat16")
+    assert autocast_output_dtypes("cpu", torch.bfloat16) == {
+        "linear": lo, "matmul": lo, "layer_norm": follow, "group_norm": follow, "softmax": follow,
+        "exp": follow, "sum": follow, "prod": hi, "vector_norm": follow, "cdist": hi,
+        "mse_loss": hi, "cross_entropy": hi}
+    once = autocast_rounded_once("cpu", torch.bfloat16)
+    assert set(once) == {"linear", "matmul", "layer_norm", "group_norm", "softmax", "exp", "sum",
+                         "vector_norm"}
+    assert min(once[k] for k in ("layer_norm", "group_norm", "softmax")) > 0.99
+
+
+def test_autocast_rounded_once_against_a_float64_oracle():
+    """The share for exp, recomputed with NumPy's float64 exp rounded by ml_dtypes."""
+    import ml_dtypes
+    import numpy as np
+
+    once = autocast_rounded_once("cpu", torch.bfloat16, shape=(16, 16), seed=3)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 16, generator=gen).to(torch.bfloat16)
+    want = np.exp(x.double().numpy()).astype(ml_dtypes.bfloat16).astype(np.float64)
+    got = torch.exp(x).double().numpy()
+    assert once["exp"] == float(np.mean(got == want))
+    assert all(0.0 <= v <= 1.0 for v in once.values())
 
 
 def test_groupnorm32_pattern_breaks_with_low_precision_parameters():

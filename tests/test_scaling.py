@@ -631,3 +631,108 @@ def test_make_regression_task_targets_are_the_float64_product():
     exact = [[math.fsum(float(x_ref[i, k]) * w[k, j] for k in range(3)) for j in range(2)]
              for i in range(5)]
     assert np.allclose(y.numpy(), np.float32(np.array(exact) * 1e-4), rtol=1e-6, atol=0)
+
+
+def test_forward_loss_split_against_a_numpy_oracle():
+    """Each rounding alone, by hand: fl16 of W and b, of x, or of the output; float32 sums in
+    order k; the loss as a float64 mean rounded to float32. 'all' is forward_loss itself."""
+    from precisionlab.scaling import forward_loss, forward_loss_split
+
+    factory, x, y = make_regression_task(n=8, d_in=4, d_out=3, target_scale=1e-3, seed=5)
+    model = factory()
+    with torch.no_grad():  # weights of mixed sizes, some below float16's smallest normal
+        model.weight.copy_(torch.tensor([[3e-5, -2e-6, 0.25, 1e-3]] * 3) * torch.tensor([[1.0], [-0.7], [1.3]]))
+        model.bias.copy_(torch.tensor([1e-8, -3e-4, 2e-5]))
+    split = forward_loss_split(model, x, y, "float16")
+
+    def f16(a):
+        return a.astype(np.float16).astype(np.float32)
+
+    xn, yn = x.numpy(), y.numpy()
+    w, b = model.weight.detach().numpy(), model.bias.detach().numpy()
+    cases = {"none": (xn, w, b, False), "weights": (xn, f16(w), f16(b), False),
+             "inputs": (f16(xn), w, b, False), "outputs": (xn, w, b, True),
+             "all": (f16(xn), f16(w), f16(b), True)}
+    for name, (xi, wi, bi, round_out) in cases.items():
+        out = _sequential32(xi, wi.T) + bi
+        out = f16(out) if round_out else out.astype(np.float32)
+        diff = out.astype(np.float64) - yn.astype(np.float64)
+        assert split[name] == float(np.float32(np.sum(diff * diff) / diff.size)), name
+    assert split["all"] == forward_loss(model, x, y, "float16")
+    assert split["none"] == forward_loss(model, x, y, "float32")
+    with pytest.raises(TypeError, match="Linear"):
+        forward_loss_split(torch.nn.Sequential(model), x, y)
+    with pytest.raises(ValueError, match="valid choices"):
+        forward_loss_split(model, x, y, "float8")
+
+
+def _amp_loop(model, scaler, x, y, steps, accum=2, opt_state=None, start=0):
+    """float16 CPU autocast, gradient accumulation, unscale_ then clipping, a scheduler that
+    steps only when the optimizer did: the recipe of chapter 5, as a test harness."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state[0])
+        sched.load_state_dict(opt_state[1])
+    scales, skipped = [], []
+    for _ in range(start, steps):
+        opt.zero_grad(set_to_none=True)
+        for xb, yb in zip(x.chunk(accum), y.chunk(accum), strict=True):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = torch.nn.functional.mse_loss(model(xb), yb) / accum
+            scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(before)
+        skipped.append(scaler.get_scale() < before)
+        if not skipped[-1]:
+            sched.step()
+    return scales, skipped, (opt.state_dict(), sched.state_dict())
+
+
+def test_training_recipe_with_both_scalers_and_a_checkpoint():
+    """The book's scaler and GradScaler in the same real loop (accumulation, clipping,
+    scheduler): same scales, skips and weights; a checkpoint of the scaler's state_dict
+    resumes the run bit for bit, and each scaler loads the other's state."""
+    factory, x, y = make_regression_task(seed=1)
+    kw = {"init_scale": 2.0**36, "growth_interval": 3}
+    runs = {}
+    for name, make in (("torch", lambda: torch.amp.GradScaler("cpu", **kw)),
+                       ("book", lambda: DynamicLossScaler(**kw))):
+        model = factory()
+        scales, skipped, _ = _amp_loop(model, make(), x, y, 16)
+        runs[name] = (scales, skipped, model.weight.detach().clone())
+        # Interrupted at step 7: save model, optimizer, scheduler and scaler; resume in new objects.
+        m1, s1 = factory(), make()
+        a_scales, _, opt_state = _amp_loop(m1, s1, x, y, 7)
+        ckpt = copy.deepcopy({"model": m1.state_dict(), "scaler": s1.state_dict()})
+        m2, s2 = factory(), make()
+        m2.load_state_dict(ckpt["model"])
+        s2.load_state_dict(ckpt["scaler"])
+        b_scales, _, _ = _amp_loop(m2, s2, x, y, 16, opt_state=copy.deepcopy(opt_state), start=7)
+        assert a_scales + b_scales == scales
+        assert torch.equal(m2.weight, model.weight)
+    assert runs["torch"][0] == runs["book"][0] and runs["torch"][1] == runs["book"][1]
+    assert torch.equal(runs["torch"][2], runs["book"][2])
+    assert sum(runs["book"][1]) >= 5  # the too-high start was corrected by skipping
+    # Each loads the other's state dict (GradScaler's five keys).
+    theirs = torch.amp.GradScaler("cpu", init_scale=2.0**20, growth_interval=7)
+    theirs.scale(torch.ones(1))
+    ours = DynamicLossScaler()
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.state_dict() == theirs.state_dict()
+    back = torch.amp.GradScaler("cpu")
+    back.load_state_dict(ours.state_dict())
+    back.scale(torch.ones(1))
+    assert back.state_dict() == theirs.state_dict()
+    with pytest.raises(RuntimeError, match="empty"):
+        DynamicLossScaler().load_state_dict({})
+    with pytest.raises(ValueError, match="lacks"):
+        DynamicLossScaler().load_state_dict({"scale": 1.0})
+    bad = {**ours.state_dict(), "backoff_factor": 2.0}
+    with pytest.raises(ValueError, match="backoff_factor"):
+        DynamicLossScaler().load_state_dict(bad)
+    DynamicLossScaler(enabled=False).load_state_dict({})  # disabled: a no-op, like GradScaler

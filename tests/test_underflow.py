@@ -172,16 +172,33 @@ def test_probe_matches_float64_backprop_by_hand():
     assert got.loss == pytest.approx(np.mean((hs[-1] - t.double().numpy()) ** 2), rel=1e-5)
 
 
-def _float16_signal_zero_fractions(net: AttenuatingNet, x, t) -> np.ndarray:
+def _float16_signal_zero_fractions(net: AttenuatingNet, x, t, flush: bool = False) -> np.ndarray:
     """Oracle for the float16 backward pass, in NumPy: per depth, the fraction of exact zeros in dL/dh.
 
     The entering gradient 2(h - t)/N is rounded once to float16; each layer's input gradient is
     g W with exact float32 products added in k order in float32 (no FMA), then rounded to
     float16 by NumPy's cast. Shares with the package only the forward output h and the weights.
+    flush=True: every float16 value below 2^-14 becomes 0, in the forward pass (NumPy's own
+    float16 forward, same float32 order) and after each rounding of the backward pass.
     """
-    with torch.no_grad():
-        h = net(x).double().numpy()
-    delta = (2 * (h - t.double().numpy()) / h.size).astype(np.float16)
+    def fl(v):
+        v = v.astype(np.float16)
+        return np.where(np.abs(v) < np.float16(2.0**-14), np.float16(0), v) if flush else v
+
+    if flush:
+        h = fl(x.numpy())
+        for lin in net.layers:
+            w32 = lin.weight.detach().numpy().astype(np.float32)
+            acc = np.zeros((h.shape[0], w32.shape[0]), np.float32)
+            h32 = h.astype(np.float32)
+            for k in range(w32.shape[1]):
+                acc = acc + h32[:, k:k + 1] * w32[:, k][None, :]
+            h = fl(acc + lin.bias.detach().numpy().astype(np.float32))
+        h = h.astype(np.float64)
+    else:
+        with torch.no_grad():
+            h = net(x).double().numpy()
+    delta = fl(2 * (h - t.double().numpy()) / h.size)
     fractions = []
     for lin in reversed(net.layers):
         fractions.append(float(np.mean(delta == 0)))
@@ -190,7 +207,7 @@ def _float16_signal_zero_fractions(net: AttenuatingNet, x, t) -> np.ndarray:
         acc = np.zeros((d32.shape[0], w32.shape[1]), np.float32)
         for k in range(w32.shape[0]):
             acc = acc + d32[:, k:k + 1] * w32[k:k + 1, :]
-        delta = acc.astype(np.float16)
+        delta = fl(acc)
     return np.array(fractions)
 
 
@@ -221,6 +238,41 @@ def test_model_predicts_the_float16_networks_underflow_depth(attenuation, seed):
     # never earlier.
     assert 0 <= measured - predicted <= 1
     assert measured_underflow_depth(probes["float32"]) is None
+
+
+def test_flush_to_zero_pass_against_a_numpy_oracle():
+    """Flush-to-zero backward pass: every stored entry is 0 or at least 2^-14, and the exact-zero
+    shares of dL/dh match a NumPy float16 pass that flushes after every rounding."""
+    net = AttenuatingNet(96, 64, 0.82, "float16", seed=0)
+    x, t = make_batch(64, 16, "float16", seed=0)
+    ftz = probe_gradients(net, x, t, flush_to_zero=True)
+    plain = probe_gradients(net, x, t)
+    assert ftz.flush_to_zero and not plain.flush_to_zero
+    zeros = _float16_signal_zero_fractions(net, x, t, flush=True)
+    np.testing.assert_array_equal(ftz.signal.zero_fraction, zeros)
+    tiny = get_format("float16").min_normal
+    for stats in (ftz.signal, ftz.weight):  # no subnormal median or largest entry anywhere
+        for v in (stats.median_abs, stats.max_abs):
+            assert ((v == 0) | (v >= tiny)).all()
+    assert ((plain.signal.median_abs > 0) & (plain.signal.median_abs < tiny)).any()
+    # The chapter's numbers: every entry lost from depth 22, half from depth 18; subnormals
+    # (plain float16) keep half until 57 and some until 78.
+    assert measured_underflow_depth(ftz, fraction=1.0) == int(np.flatnonzero(zeros == 1)[0]) == 22
+    assert measured_underflow_depth(ftz) == 18
+    assert (measured_underflow_depth(plain), measured_underflow_depth(plain, fraction=1.0)) == (57, 78)
+    # Flushing loses entries earlier than the float32 run's largest entry suggests (depth 25).
+    p32 = probe_gradients(AttenuatingNet(96, 64, 0.82, "float32"), *make_batch(64, 16, "float32"))
+    assert int(np.flatnonzero(p32.signal.max_abs < tiny)[0]) == 25
+    with pytest.raises(ValueError, match="flush_to_zero"):
+        probe_gradients(net, x, t, flush_to_zero="yes")
+
+
+def test_flush_to_zero_changes_nothing_above_the_smallest_normal():
+    """With no value near 2^-14 (a short float32 network), flushing is the identity."""
+    net = AttenuatingNet(12, 16, 0.8, "float32", seed=3)
+    batch = make_batch(16, 4, "float32", seed=3)
+    a, b = probe_gradients(net, *batch), probe_gradients(net, *batch, flush_to_zero=True)
+    assert np.array_equal(a.signal.norm, b.signal.norm) and np.array_equal(a.weight.norm, b.weight.norm)
 
 
 def test_bfloat16_and_float32_never_underflow_at_96_layers():
@@ -346,13 +398,62 @@ def test_diagnose_names_each_cause():
                             *make_batch(64, 16, "float16"))
     d = diagnose([under.loss], under)
     assert d.cause == "underflow" and "depth 0 still has" in d.evidence
+    assert "2^16" in d.first_check  # the one-step test that tells underflow from a cut graph
     over = train_probe(1.2, 48, "float16", steps=2)
     assert not np.isfinite(over.loss).all()
-    assert diagnose(over.loss, over.steps[-1]).cause == "overflow"
+    d_over = diagnose(over.loss, over.steps[-1])
+    assert d_over.cause == "overflow" and "no loss scaler (S = 1)" in d_over.evidence
+    assert "lower" not in d_over.first_fix  # with S = 1 there is no scale to lower
     ok = probe_gradients(AttenuatingNet(96, 64, 0.82, "bfloat16"),
                          *make_batch(64, 16, "bfloat16"))
     assert diagnose([ok.loss], ok).cause == "none"
     assert "likely cause : underflow" in str(d)
+
+
+def _scaler_run(net, batch, steps, init_scale=2.0**16):
+    """A dynamic scaler (GradScaler's rule, scaling.update_scale) driving probe_gradients."""
+    from precisionlab.scaling import ScaleHistory, update_scale
+
+    s, tracker, scales, skipped, losses = init_scale, 0, [], [], []
+    for _ in range(steps):
+        p = probe_gradients(net, *batch, loss_scale=s)
+        bad = not (np.isfinite(p.loss) and p.weight.finite.all() and p.signal.finite.all())
+        scales.append(s)
+        skipped.append(bad)
+        losses.append(p.loss)
+        s, tracker = update_scale(s, tracker, bad)
+    return p, losses, ScaleHistory(np.array(scales), np.array(skipped))
+
+
+def test_diagnose_tells_a_collapsing_scale_from_a_scaler_at_work():
+    from precisionlab.scaling import simulate_scale_history
+
+    # Forward activations past 65504: the loss is NaN at every scale and the scale halves
+    # every step; this is not an overflow a lower loss scale can fix.
+    deep = AttenuatingNet(56, 64, 1.2, "float16")
+    batch = make_batch(64, 16, "float16")
+    p, losses, hist = _scaler_run(deep, batch, 12)
+    assert hist.skipped.all() and np.isnan(losses).all()
+    d = diagnose(losses, p, scale_history=hist)
+    assert d.cause == "scale collapsing" and "2^10 to 2^5" in d.evidence
+    assert "forward" in d.first_check and "trades the overflow for underflow" in d.first_fix
+    # The 48-layer network overflows only backward: the scaler settles, but below 1.
+    p48, losses48, hist48 = _scaler_run(AttenuatingNet(48, 64, 1.2, "float16"), batch, 26)
+    assert hist48.skipped[:-1].all() and not hist48.skipped[-1] and hist48.scale[-1] == 2.0**-9
+    assert diagnose(losses48, p48, scale_history=hist48).cause == "scale collapsing"
+    # A too-high start (chapter 5: 2^36, five skips) and rare probing skips are not collapse.
+    fine = probe_gradients(AttenuatingNet(20, 64, 0.82, "float16"), *batch)
+    start = simulate_scale_history([True] * 5 + [False] * 40, init_scale=2.0**36, growth_interval=5)
+    assert diagnose([fine.loss], fine, scale_history=start).cause == "none"
+    probing = simulate_scale_history(([False] * 9 + [True]) * 10, growth_interval=9)
+    assert diagnose([fine.loss], fine, scale_history=probing).cause == "none"
+    # A non-finite step under a steady scaler is an overflow the scaler handles by skipping.
+    over = probe_gradients(AttenuatingNet(48, 64, 1.2, "float16"), *batch, loss_scale=2.0**16)
+    d_ok = diagnose([over.loss], over, scale_history=probing)
+    assert d_ok.cause == "overflow" and d_ok.first_fix.startswith("none while skips stay rare")
+    assert "S = 65536" in diagnose([over.loss], over).evidence
+    with pytest.raises(ValueError, match="scale_history"):
+        diagnose([fine.loss], fine, scale_history=simulate_scale_history([]))
 
 
 def test_tables_list_what_they_claim():

@@ -4,8 +4,12 @@ scaler, and what breaks when the weights themselves are stored in low precision.
 `precision_policy(precision, device)` is the decision a training script makes once, at
 start-up. float16 autocast is accepted only on CUDA: that is where float16 tensor cores pay
 for the loss scaler it needs; on CPU and Apple's MPS, bfloat16 (or float32) is the choice.
-That rule is a policy, not a torch limitation (torch 2.13 runs float16 autocast and
-GradScaler on the CPU, and this book does so to teach), so the error says what to pick.
+That rule is this book's policy, not a torch limitation (torch 2.13 runs float16 autocast
+and GradScaler on the CPU and on MPS, whose autocast even defaults to float16), so the error
+says what to pick. bfloat16 on CUDA needs bfloat16 units, compute capability 8.0 or higher
+(Turing cards such as the T4 have none); the capability is asked of the device, or given.
+`PrecisionPolicy.loss_scaler()` hands out torch's GradScaler, the one to train with; the
+book's `DynamicLossScaler` (same rule, with a record of every step) on request.
 
 `compare_weight_policies` runs one small block (Linear -> GroupNorm computed in float32 ->
 SiLU -> Linear) under the ways of mixing precisions that projects try, and reports what
@@ -20,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,12 +36,14 @@ from .scaling import DynamicLossScaler
 __all__ = [
     "DEVICE_TYPES",
     "PRECISIONS",
+    "SCALER_KINDS",
     "WEIGHT_POLICIES",
     "GroupNorm32",
     "PolicyOutcome",
     "PrecisionPolicy",
     "autocast_device_type",
     "autocast_output_dtypes",
+    "autocast_rounded_once",
     "compare_weight_policies",
     "make_block",
     "precision_policy",
@@ -50,6 +57,10 @@ _ALIASES = {
     "fp16": "fp16", "float16": "fp16", "half": "fp16", "16": "fp16",
 }
 _DTYPE = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+SCALER_KINDS: tuple[str, ...] = ("torch", "book")
+# NVIDIA GPUs have bfloat16 units from compute capability 8.0 (Ampere) on; Volta (7.0) and
+# Turing (7.5, e.g. the T4) do not, although torch can emulate bfloat16 there.
+BF16_MIN_CAPABILITY: tuple[int, int] = (8, 0)
 
 
 def autocast_device_type(device) -> str:
@@ -72,12 +83,14 @@ def autocast_device_type(device) -> str:
 
 @dataclass(frozen=True)
 class PrecisionPolicy:
-    """precision, autocast device type, autocast dtype (None = no autocast) and whether to scale the loss."""
+    """precision, autocast device type, autocast dtype (None = no autocast), whether to scale the loss,
+    and the CUDA compute capability that was checked (None when none was needed)."""
 
     precision: str
     device_type: str
     autocast_dtype: torch.dtype | None
     use_loss_scaler: bool
+    capability: tuple[int, int] | None = None
 
     def autocast(self):
         """The autocast context for this policy (a no-op context for fp32)."""
@@ -85,18 +98,45 @@ class PrecisionPolicy:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.autocast_dtype)
 
-    def loss_scaler(self, **kwargs) -> DynamicLossScaler:
-        """A GradScaler-compatible scaler, enabled only when the policy needs one (fp16)."""
-        return DynamicLossScaler(enabled=self.use_loss_scaler, **kwargs)
+    def loss_scaler(self, kind: str = "torch", **kwargs):
+        """A loss scaler enabled only when the policy needs one (fp16): torch.amp.GradScaler for
+        training (kind='torch'), or the book's DynamicLossScaler, which records every step (kind='book')."""
+        check_choice(kind, "kind", SCALER_KINDS)
+        if kind == "book":
+            return DynamicLossScaler(enabled=self.use_loss_scaler, **kwargs)
+        return torch.amp.GradScaler(self.device_type, enabled=self.use_loss_scaler, **kwargs)
 
     def __str__(self) -> str:
         dtype = str(self.autocast_dtype).removeprefix("torch.") if self.autocast_dtype else "off"
-        return (f"{self.precision} on {self.device_type}: autocast {dtype}, "
+        where = self.device_type
+        if self.capability is not None:
+            where += f" (compute capability {self.capability[0]}.{self.capability[1]})"
+        return (f"{self.precision} on {where}: autocast {dtype}, "
                 f"loss scaler {'on' if self.use_loss_scaler else 'off'}")
 
 
-def precision_policy(precision: str, device) -> PrecisionPolicy:
-    """fp32: no autocast; bf16: autocast to bfloat16, no scaler; fp16: autocast to float16 + scaler, CUDA only."""
+def _check_capability(capability) -> tuple[int, int]:
+    """(major, minor) as two integers >= 0, e.g. (8, 0) for an A100 or (7, 5) for a T4."""
+    ok = (isinstance(capability, Sequence) and not isinstance(capability, str)
+          and len(capability) == 2
+          and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in capability))
+    if not ok:
+        raise ValueError(
+            f"capability must be (major, minor), two integers >= 0 such as (8, 0); "
+            f"got capability={capability!r}"
+        )
+    return int(capability[0]), int(capability[1])
+
+
+def precision_policy(precision: str, device, capability=None) -> PrecisionPolicy:
+    """fp32: no autocast; bf16: autocast to bfloat16, no scaler (on CUDA: compute capability >= 8.0);
+    fp16: autocast to float16 + scaler, CUDA only.
+
+    capability, (major, minor), is the CUDA device's compute capability: given, or asked of
+    the device with torch.cuda.get_device_capability when bf16 on CUDA needs it. (Not
+    torch.cuda.is_bf16_supported(), which by default also counts emulation and says True on a
+    V100 or T4.) Only CUDA devices have one.
+    """
     key = _ALIASES.get(str(precision).lower())
     if key is None:
         raise ValueError(
@@ -104,16 +144,57 @@ def precision_policy(precision: str, device) -> PrecisionPolicy:
             f"(aliases: {', '.join(sorted(k for k in _ALIASES if k not in PRECISIONS))})"
         )
     device_type = autocast_device_type(device)
+    if capability is not None:
+        capability = _check_capability(capability)
+        if device_type != "cuda":
+            raise ValueError(
+                f"capability={capability!r} is a CUDA compute capability, but device "
+                f"{str(device)!r} has type {device_type!r}; valid choices: omit it, or a cuda device"
+            )
     if key == "fp16" and device_type != "cuda":
         raise ValueError(
             f"precision={precision!r} (float16 autocast with loss scaling) is only supported on "
-            f"CUDA devices; got device {str(device)!r} (type {device_type!r}). Valid choices "
-            f"on {device_type}: fp32, bf16"
+            f"CUDA devices by this book's policy; got device {str(device)!r} (type "
+            f"{device_type!r}). Valid choices on {device_type}: fp32, bf16"
         )
-    return PrecisionPolicy(key, device_type, _DTYPE[key], key == "fp16")
+    if key == "bf16" and device_type == "cuda":
+        if capability is None:
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    f"precision={precision!r} on {str(device)!r} needs compute capability >= "
+                    f"{BF16_MIN_CAPABILITY[0]}.{BF16_MIN_CAPABILITY[1]}, and no CUDA device is "
+                    "visible to ask; pass capability=(major, minor)"
+                )
+            capability = _check_capability(tuple(torch.cuda.get_device_capability(device)))
+        if capability < BF16_MIN_CAPABILITY:
+            raise ValueError(
+                f"precision={precision!r} needs bfloat16 units, compute capability >= "
+                f"{BF16_MIN_CAPABILITY[0]}.{BF16_MIN_CAPABILITY[1]} (A100, H100, RTX 30xx and "
+                f"newer); device {str(device)!r} has {capability[0]}.{capability[1]} (7.0: V100; "
+                "7.5: T4, RTX 20xx). Valid choices there: fp16 (with the loss scaler), fp32"
+            )
+    return PrecisionPolicy(key, device_type, _DTYPE[key], key == "fp16", capability)
 
 
 # --------------------------------------------------------------------------- what autocast does
+
+_F = torch.nn.functional
+# op(x, w, y) for three (n, m) float tensors; the ops a training step is made of.
+_AUTOCAST_OPS = {
+    "linear": lambda x, w, y: _F.linear(x, w),
+    "matmul": lambda x, w, y: x @ w.T,
+    "layer_norm": lambda x, w, y: _F.layer_norm(x, x.shape[-1:]),
+    "group_norm": lambda x, w, y: _F.group_norm(x, 2),
+    "softmax": lambda x, w, y: torch.softmax(x, dim=-1),
+    "exp": lambda x, w, y: torch.exp(x),
+    "sum": lambda x, w, y: x.sum(-1),
+    "prod": lambda x, w, y: x[:, :4].prod(-1),
+    "vector_norm": lambda x, w, y: torch.linalg.vector_norm(x, dim=-1),
+    "cdist": lambda x, w, y: torch.cdist(x, w),
+    "mse_loss": lambda x, w, y: _F.mse_loss(x, y),
+    "cross_entropy": lambda x, w, y: _F.cross_entropy(
+        x, torch.arange(x.shape[0], device=x.device) % x.shape[1]),
+}
 
 
 def autocast_output_dtypes(device_type: str = "cpu",
@@ -125,24 +206,34 @@ def autocast_output_dtypes(device_type: str = "cpu",
     """
     gen = torch.Generator().manual_seed(0)
     base = [torch.randn(4, 8, generator=gen) for _ in range(3)]
-    f = torch.nn.functional
-    ops = {
-        "linear": lambda x, w, y: f.linear(x, w),
-        "matmul": lambda x, w, y: x @ w.T,
-        "layer_norm": lambda x, w, y: f.layer_norm(x, (8,)),
-        "group_norm": lambda x, w, y: f.group_norm(x, 2),
-        "softmax": lambda x, w, y: torch.softmax(x, dim=-1),
-        "exp": lambda x, w, y: torch.exp(x),
-        "sum": lambda x, w, y: x.sum(),
-        "vector_norm": lambda x, w, y: torch.linalg.vector_norm(x),
-        "mse_loss": lambda x, w, y: f.mse_loss(x, y),
-    }
     out = {}
     with torch.autocast(autocast_device_type(device_type), dtype=dtype):
-        for name, op in ops.items():
+        for name, op in _AUTOCAST_OPS.items():
             hi = op(*base).dtype
             lo = op(*(t.to(dtype) for t in base)).dtype
             out[name] = tuple(str(d).removeprefix("torch.") for d in (hi, lo))
+    return out
+
+
+def autocast_rounded_once(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16,
+                          shape: tuple[int, int] = (64, 64), seed: int = 0) -> dict[str, float]:
+    """Per op that returns `dtype` for `dtype` inputs under autocast: the share of its output entries
+    equal to fl_dtype(the op in float64 on the same inputs), the exact result rounded once.
+
+    A share of 1 (or within a few entries of it) means the kernel computes in a wider format and
+    rounds only its output; a kernel that rounds its intermediates too lands off it often.
+    """
+    gen = torch.Generator().manual_seed(int(seed))
+    base = [torch.randn(*shape, generator=gen).to(dtype) for _ in range(3)]
+    out = {}
+    with torch.autocast(autocast_device_type(device_type), dtype=dtype):
+        for name, op in _AUTOCAST_OPS.items():
+            low = op(*base)
+            if low.dtype != dtype:
+                continue
+            with torch.autocast(autocast_device_type(device_type), enabled=False):
+                exact = op(*(t.double() for t in base)).to(dtype)
+            out[name] = float((low == exact).double().mean())
     return out
 
 

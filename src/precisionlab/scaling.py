@@ -43,6 +43,7 @@ __all__ = [
     "TrainLog",
     "compare_with_gradscaler",
     "forward_loss",
+    "forward_loss_split",
     "gradient_stream",
     "largest_safe_gradient",
     "make_regression_task",
@@ -281,6 +282,28 @@ class _ScalerBase:
                 "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
                 "_growth_tracker": self._growth_tracker}
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what state_dict() saved (GradScaler's keys), e.g. from a checkpoint; no-op when disabled."""
+        if not self._enabled:
+            return
+        if len(state_dict) == 0:
+            raise RuntimeError("the source state dict is empty, possibly because it was saved "
+                               "from a disabled scaler")
+        keys = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+        missing = [k for k in keys if k not in state_dict]
+        if missing:
+            raise ValueError(f"state_dict lacks {missing}; valid state dicts come from state_dict() "
+                             f"and hold {', '.join(keys)}")
+        self._load_settings(state_dict)
+        self._scale = float(np.float32(state_dict["scale"]))
+        tracker = state_dict["_growth_tracker"]
+        if isinstance(tracker, bool) or not _is_int(tracker) or tracker < 0:
+            raise ValueError(f"_growth_tracker must be an integer >= 0; got {tracker!r}")
+        self._growth_tracker = int(tracker)
+
+    def _load_settings(self, state_dict: dict[str, Any]) -> None:
+        raise NotImplementedError
+
     # -- the record
 
     @property
@@ -305,6 +328,13 @@ class DynamicLossScaler(_ScalerBase):
         return update_scale(self._scale, self._growth_tracker, found_inf, self._growth_factor,
                             self._backoff_factor, self._growth_interval)
 
+    def _load_settings(self, state_dict: dict[str, Any]) -> None:
+        _check_factors(state_dict["scale"], state_dict["growth_factor"],
+                       state_dict["backoff_factor"], state_dict["growth_interval"])
+        self._growth_factor = float(state_dict["growth_factor"])
+        self._backoff_factor = float(state_dict["backoff_factor"])
+        self._growth_interval = int(state_dict["growth_interval"])
+
 
 class StaticLossScaler(_ScalerBase):
     """S fixed for the whole run; steps whose gradients hold inf/NaN are still skipped."""
@@ -320,6 +350,11 @@ class StaticLossScaler(_ScalerBase):
 
     def _next(self, found_inf: bool) -> tuple[float, int]:
         return self._scale, 0
+
+    def _load_settings(self, state_dict: dict[str, Any]) -> None:
+        s = float(state_dict["scale"])
+        if not (math.isfinite(s) and s > 0):
+            raise ValueError(f"scale must be finite and > 0; got scale={state_dict['scale']!r}")
 
 
 # --------------------------------------------------------------------------- scale arithmetic
@@ -538,6 +573,40 @@ def forward_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     check_choice(compute, "compute format", _AUTOCAST)
     with torch.no_grad():
         return float(emulate.mse_loss(_emulated_forward(model, compute)(x), y, "float32"))
+
+
+FORWARD_ROUNDINGS: tuple[str, ...] = ("none", "weights", "inputs", "outputs", "all")
+
+
+def forward_loss_split(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                       compute: str = "float16") -> dict[str, float]:
+    """The loss of a Linear model's emulated forward pass with only some roundings to `compute`:
+    'weights' (W and b), 'inputs' (x) or 'outputs' (x W^T + b) alone, 'none', or 'all' (= forward_loss).
+
+    Products are summed in float32 in a fixed order and the loss is taken in float32, as in
+    forward_loss; only the chosen operands or results are rounded to `compute`.
+    """
+    check_choice(compute, "compute format", _AUTOCAST)
+    if not isinstance(model, (torch.nn.Linear, emulate.Linear)):
+        raise TypeError(f"forward_loss_split takes a Linear model; got {type(model).__name__}")
+    f32 = emulate.Precision("float32")
+
+    def rnd(t):
+        return None if t is None else round_to(t.detach(), compute).to(torch.float32)
+
+    out = {}
+    with torch.no_grad():
+        for what in FORWARD_ROUNDINGS:
+            w, b, xin = model.weight.detach(), model.bias, x
+            if what in ("weights", "all"):
+                w, b = rnd(w), rnd(b)
+            if what in ("inputs", "all"):
+                xin = rnd(x)
+            h = emulate.linear(xin, w, None if b is None else b.detach(), f32)
+            if what in ("outputs", "all"):
+                h = rnd(h)
+            out[what] = float(emulate.mse_loss(h, y, "float32"))
+    return out
 
 
 def train_scaled(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int = 200,

@@ -242,6 +242,24 @@ def make_batch(width: int = 64, batch: int = 16, fmt="float32", seed: int = 0):
     return prec.round(x), prec.round(t)
 
 
+class _FlushToZero(torch.autograd.Function):
+    """x -> 0 where |x| < tiny, else x, in both passes: a flush-to-zero unit's stores."""
+
+    @staticmethod
+    def forward(ctx, x, tiny):
+        ctx.tiny = tiny
+        return _flush(x, tiny)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _flush(g, ctx.tiny), None
+
+
+def _flush(x: torch.Tensor, tiny: float) -> torch.Tensor:
+    """0 where |x| < tiny (inf and NaN kept): exact, so the same bits on every machine."""
+    return torch.where(x.abs() < tiny, torch.zeros_like(x), x)
+
+
 class _GradTo(torch.autograd.Function):
     """Identity forward; backward rounds the incoming gradient to F (a cast back to F's dtype)."""
 
@@ -294,6 +312,8 @@ class LayerGradients:
     loss: float
     weight: GradientStats
     signal: GradientStats
+    loss_scale: float = 1.0  # S of the backward pass (the statistics are divided by it)
+    flush_to_zero: bool = False  # whether results below the smallest normal were flushed
 
     @property
     def depth(self) -> int:
@@ -308,27 +328,45 @@ class LayerGradients:
 
 
 def probe_gradients(net: AttenuatingNet, x: torch.Tensor, t: torch.Tensor,
-                    loss_scale: float = 1.0) -> LayerGradients:
+                    loss_scale: float = 1.0, flush_to_zero: bool = False) -> LayerGradients:
     """One pass of L = mean((net(x) - t)^2): layers in the network's Precision, L in float32 (as
     autocast computes losses); backward from fl32(S·L), the gradient entering the network rounded
-    to its format; statistics of the stored gradients divided by S in float64."""
+    to its format; statistics of the stored gradients divided by S in float64.
+
+    flush_to_zero=True models a unit without subnormals: every value it stores below the
+    format's smallest normal becomes 0 (the input, each layer's output in the forward pass, the
+    gradient entering each layer's backward pass, and the weight gradients), so a flushed
+    entry contributes nothing to the next layer's sums. The weights themselves are not flushed.
+    """
     s = _check_positive(loss_scale, "loss_scale")
+    if not isinstance(flush_to_zero, (bool, np.bool_)):
+        raise ValueError(f"flush_to_zero must be True or False; got flush_to_zero={flush_to_zero!r}")
     prec = net.prec
+    tiny = get_format(net.fmt).min_normal if flush_to_zero else None
     loss_prec = Precision("float32", backend=prec.backend)
     net.zero_grad(set_to_none=True)
     outputs = []
     h = prec.round(x) if not prec.native else x.to(torch.float32)
+    if tiny is not None:
+        h = _FlushToZero.apply(h, tiny)
     for lin in net.layers:
-        h = lin(h)
-        h.retain_grad()  # keep dL/dh_k, the backward signal, as the backward pass stored it
-        outputs.append(h)
+        out = lin(h)
+        out.retain_grad()  # keep dL/dh_k, the backward signal, as the backward pass stored it
+        outputs.append(out)
+        # With flushing, out.grad is the flushed gradient that enters the layer's backward.
+        h = out if tiny is None else _FlushToZero.apply(out, tiny)
     loss = emulate.mse_loss(_GradTo.apply(h, prec), t.to(torch.float32), loss_prec)
     (loss * torch.tensor(s, dtype=torch.float32)).backward()  # one float32 multiply
+    weight_grads = [lin.weight.grad for lin in net.layers]
+    if tiny is not None:
+        weight_grads = [_flush(g, tiny) for g in weight_grads]
     return LayerGradients(
         fmt=net.fmt,
         loss=float(loss.detach()),
-        weight=GradientStats.of([lin.weight.grad.double() / s for lin in net.layers]),
+        weight=GradientStats.of([g.double() / s for g in weight_grads]),
         signal=GradientStats.of([o.grad.double() / s for o in outputs]),
+        loss_scale=s,
+        flush_to_zero=bool(flush_to_zero),
     )
 
 
@@ -468,7 +506,7 @@ def health_summary(grads: LayerGradients, which: str = "weight", fmt=None) -> st
 class Diagnosis:
     """What the numbers say: the likely cause, the evidence, what to check first, the cheapest fix."""
 
-    cause: str  # "overflow", "underflow" or "none"
+    cause: str  # "scale collapsing", "overflow", "underflow" or "none"
     evidence: str
     first_check: str
     first_fix: str
@@ -481,21 +519,73 @@ class Diagnosis:
                                         subsequent_indent=" " * 15) for label, text in rows)
 
 
-def diagnose(losses: Sequence[float], grads: LayerGradients, fmt=None) -> Diagnosis:
-    """Rules: inf/NaN in the loss or a gradient -> overflow; layers whose weight gradients are mostly
-    exact zeros -> underflow; otherwise no precision problem visible in these numbers."""
+def _scale_collapse(history) -> str | None:
+    """Why a loss-scale record shows a collapsing scale, or None.
+
+    Collapsing: the latest scale is below 1 (the scaler now shrinks gradients, so they overflow
+    at their true size), or over the later half of the record the scale still fell by at least
+    two factors of two, with skipped steps in it. A too-high start (a few skips, then steady)
+    and the occasional probe above the ceiling are neither.
+    """
+    scale = np.asarray(history.scale, dtype=np.float64)
+    skipped = np.asarray(history.skipped, dtype=bool)
+    if scale.ndim != 1 or skipped.shape != scale.shape or scale.size == 0:
+        raise ValueError("scale_history needs equal-length 1-D .scale and .skipped records")
+    if not (np.isfinite(scale).all() and (scale > 0).all()):
+        raise ValueError("scale_history.scale must hold finite scales > 0")
+    last = scale[-1]
+    half = scale.size // 2
+    fell = math.log2(scale[half]) - math.log2(last)
+    n_skip = int(skipped[half:].sum())
+    if last < 1:
+        return f"the loss scale has sunk to 2^{math.log2(last):g}, below 1"
+    if fell >= 2 and n_skip >= 2:
+        return (f"the loss scale fell from 2^{math.log2(scale[half]):g} to 2^{math.log2(last):g}"
+                f" over the last {scale.size - half} steps, {n_skip} of them skipped")
+    return None
+
+
+def diagnose(losses: Sequence[float], grads: LayerGradients, fmt=None,
+             scale_history=None) -> Diagnosis:
+    """Rules, in order: a collapsing loss scale (scale_history: .scale and .skipped per step) ->
+    'scale collapsing'; inf/NaN in the loss or a gradient -> 'overflow'; layers whose weight
+    gradients are mostly exact zeros -> 'underflow'; otherwise 'none'."""
     status = layer_status(grads, "weight", fmt)
     losses = np.asarray(losses, dtype=np.float64)
     bad_steps = int((~np.isfinite(losses)).sum())
     bad_layers = int((status == "non-finite").sum())
+    nonfinite = (f"loss non-finite at {bad_steps} of {losses.size} steps; {bad_layers} of "
+                 f"{grads.depth} layers have inf/NaN gradients")
+    collapse = None if scale_history is None else _scale_collapse(scale_history)
+    if collapse is not None:
+        return Diagnosis(
+            "scale collapsing",
+            f"{collapse}; the loss was non-finite at {bad_steps} of {losses.size} steps",
+            "where the first inf/NaN appears: forward activations past the format's largest "
+            "finite value (the loss is then inf/NaN at any scale), an op such as log or a "
+            "division, or a loss that was rising before it (divergence)",
+            "keep the overflowing op in float32 or train in bfloat16; if the run diverged, lower "
+            "the learning rate or clip gradients (a lower loss scale at best trades the overflow "
+            "for underflow)",
+        )
     if bad_steps or bad_layers:
+        if scale_history is None and grads.loss_scale == 1:
+            return Diagnosis(
+                "overflow",
+                f"{nonfinite}; no loss scaler (S = 1), so the values overflow at their true size",
+                "whether the forward pass is already inf/NaN (then no scale helps); otherwise the "
+                "first layer whose gradients pass the format's largest finite value",
+                "bfloat16, or float32 for the layers that overflow; a dynamic scaler helps only if "
+                "the backward pass alone overflows, by settling below S = 1",
+            )
+        record = (f"at loss scale S = {grads.loss_scale:g}" if scale_history is None
+                  else "the loss scale is not collapsing")
         return Diagnosis(
             "overflow",
-            f"loss non-finite at {bad_steps} of {losses.size} steps; {bad_layers} of "
-            f"{grads.depth} layers have inf/NaN gradients",
-            "the loss scaler's count of skipped steps; the first layer whose activations or "
-            "gradients exceed the format's largest finite value",
-            "a lower (initial) loss scale, or bfloat16, whose range matches float32",
+            f"{nonfinite}; {record}",
+            "the scaler's record: how often it skips and whether its scale stays steady",
+            "none while skips stay rare: the dynamic scaler skips the step and halves S (a "
+            "too-high initial scale corrects itself within a few steps)",
         )
     dead = np.flatnonzero(np.isin(status, ("zero", "underflowing")))
     if dead.size:
@@ -506,7 +596,8 @@ def diagnose(losses: Sequence[float], grads: LayerGradients, fmt=None) -> Diagno
             f"{dead.size} of {grads.depth} layers (from depth {dead[0]}) have mostly exact-zero "
             f"weight gradients; {alive}",
             "per-layer gradient norms and fractions of exact zeros, next to the same step in "
-            "float32",
+            "float32; one step with the loss times 2^16 brings underflowed gradients back (a cut "
+            "graph stays at zero)",
             "dynamic loss scaling (a GradScaler), or bfloat16",
         )
     return Diagnosis("none", "all gradients finite; no layer is mostly exact zeros",

@@ -17,13 +17,14 @@ import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from oracles import fraction_round
+from oracles import finite_values, fraction_round
 
 from precisionlab.formats import get_format
 from precisionlab.rounding import round_to, ulp
 from precisionlab.updates import (
     DETERMINISTIC_MODES,
     POLICIES,
+    boundary_distance,
     crossing_trajectory,
     repeated_update,
     simulate_crossing,
@@ -285,6 +286,32 @@ def test_swallowed_vectorised_and_hand_checked():
     np.testing.assert_array_equal(got, [True, True, False, False, True, False])
     # Agrees with rounding the exact sum directly (w and dw here add exactly in float64).
     np.testing.assert_array_equal(got, np.asarray(round_to(w + dw, "bfloat16")) == w)
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_boundary_distance_is_half_the_gap_to_the_ml_dtypes_neighbour(fmt):
+    # Oracle: the neighbour of w in dw's direction in the table of every value (bit patterns
+    # decoded by ml_dtypes), and D = |neighbour - w| / 2 for nearest rounding.
+    table = finite_values(fmt)
+    rng = np.random.default_rng(4)
+    w = rng.choice(table[(np.abs(table) > 1e-3) & (np.abs(table) < 1e3)], 400)
+    w = np.concatenate([w, [1.0, -1.0, 0.5, -2.0**-3, 4.0]])  # powers of two, both ways
+    for sign in (1.0, -1.0):
+        dw = np.full(w.shape, sign * 1e-9)
+        i = np.searchsorted(table, w)
+        nb = np.where(dw > 0, table[i + 1], table[i - 1])
+        want = np.abs(nb - w) / 2
+        np.testing.assert_array_equal(boundary_distance(w, dw, fmt), want)
+        # and it is the swallowing threshold: just below D is lost, just above moves
+        np.testing.assert_array_equal(swallowed(w, np.sign(dw) * want * (1 - 2.0**-20), fmt), True)
+        np.testing.assert_array_equal(swallowed(w, np.sign(dw) * want * (1 + 2.0**-20), fmt), False)
+
+
+def test_boundary_distance_quarter_ulp_only_toward_zero_at_a_power_of_two():
+    u = float(ulp(1.0, "bfloat16"))
+    got = boundary_distance([1.0, 1.0, -1.0, -1.0, 1.5, 1.5], [1, -1, -1, 1, 1, -1])
+    np.testing.assert_array_equal(got, [u / 2, u / 4, u / 2, u / 4, u / 2, u / 2])
+    assert boundary_distance(1.0, 0.0) == math.inf
 
 
 def test_simulate_crossing_float32_master_rounds_the_update():

@@ -59,8 +59,10 @@ __all__ = [
     "PRECISIONS",
     "RATIO_MODES",
     "SOURCE",
+    "VERDICTS",
     "WEIGHT_MODES",
     "Engine",
+    "Evidence",
     "GradientDecomposition",
     "Policy",
     "PolicyConfig",
@@ -81,21 +83,26 @@ __all__ = [
     "fstd",
     "gradient_report",
     "group_advantages",
+    "grows",
     "load_runs",
     "log_ratio_split",
     "logit_rounding_beta",
+    "normal_outside",
     "policy_gradient",
     "policy_logprobs",
     "reproduces",
     "sample_tokens",
     "save_runs",
     "sequence_logprobs",
+    "source_findings",
     "surrogate_loss",
+    "tally",
     "token_weights",
     "train",
     "train_many",
     "train_seeds",
     "vocabulary_logprobs",
+    "weight_mean",
     "with_changes",
 ]
 
@@ -1179,7 +1186,8 @@ def train_seeds(policy_cfg: PolicyConfig, runs: Mapping[str, RunConfig], seeds: 
                 gradients: Sequence[int] = ()) -> dict[int, dict[str, RunLog]]:
     """`train_many` for each seed (seed -> name -> RunLog), one progress bar: for results that are chaotic in the seed.
 
-    record, gradients: as in `train`, for the first seed only.
+    record: as in `train`, for every seed (snapshots cost nothing); gradients: as in `train`,
+    for the first seed only (each report costs several backward passes).
     """
     from tqdm.auto import tqdm
 
@@ -1192,7 +1200,7 @@ def train_seeds(policy_cfg: PolicyConfig, runs: Mapping[str, RunConfig], seeds: 
                 bar.set_postfix_str(f"seed {seed}, {name}", refresh=False)
                 first = seed == seeds[0]
                 out[seed][name] = _train(policy_cfg, run, seed, lambda _r: bar.update(),
-                                         record if first else (), gradients if first else ())
+                                         record, gradients if first else ())
     return out
 
 
@@ -1302,7 +1310,7 @@ class SourceFigure:
 # Typed once, from the source's text; citations, not results of this package.
 SOURCE: dict[str, SourceFigure] = {
     "beta_std": SourceFigure("std of beta, fp32 trainer", "0.149", "6.2"),
-    "beta_beyond": SourceFigure("P(|beta| > 0.2), fp32 trainer", "18%", "10.3"),
+    "beta_beyond": SourceFigure("P(|beta| > 0.2), fp32 trainer", "18% (Gaussian)", "10.3"),
     "clip_step3": SourceFigure("clipped at step 3, fp32 / bf16 trainer", "13.5% / 1.0%", "10.3"),
     "phantom_step5": SourceFigure("phantom / legitimate at step 5", "17.2% / 0.4%", "10.3"),
     "cos_ratio_score": SourceFigure("cos(dg_ratio, dg_score)", "-0.58", "7.5"),
@@ -1318,6 +1326,11 @@ SOURCE: dict[str, SourceFigure] = {
     "bf16_weights": SourceFigure("bf16 weights converge: low / 10x lr", "no / yes", "1"),
     "fixes": SourceFigure("converge: eps = 10 / ratio from shadow", "yes / yes", "9.2, 10.1"),
     "rare": SourceFigure("median |beta|: rare / common tokens", "0.5-1.0 / 0.02", "8.2"),
+    "alpha_early": SourceFigure("mean |alpha| early, bf16 / fp32 trainer", "0.035 / 0.035", "6.3"),
+    "efficiency": SourceFigure("deployed / moved, bf16 / fp32 trainer", "8.2% / 1.3%", "7.7"),
+    "cos_no_clip": SourceFigure("cos(clean, actual grad.), no clipping", "> 0.95", "7.5"),
+    "beta_zero": SourceFigure("beta with matched precisions", "0 exactly", "6.2"),
+    "mu_w": SourceFigure("mean token weight mu_W, bf16 / fp32", "-0.258 / -0.238", "10.2"),
 }
 
 def reproduces(book: float, source, direction: bool = False) -> str:
@@ -1350,3 +1363,217 @@ def comparison_table(rows: Mapping[str, Sequence[str]]):
         fig = SOURCE[key]
         out.append([fig.finding, fig.value, fig.section, *map(str, cells)])
     return Table(COMPARISON_HEADERS, out)
+
+
+# --------------------------------------------------------------------------- judging the findings
+
+VERDICTS: tuple[str, ...] = ("yes", "partly", "no", "set", "untestable")
+
+
+def normal_outside(mean: float, std: float, lo: float, hi: float) -> float:
+    """P(X < lo) + P(X > hi) for X ~ N(mean, std^2) (math.erfc): a Gaussian estimate of a tail share."""
+    _check_positive(std, "std")
+    if not lo <= hi:
+        raise ValueError(f"lo must not exceed hi; got lo={lo!r}, hi={hi!r}")
+    z = math.sqrt(2.0) * std
+    return 0.5 * math.erfc((mean - lo) / z) + 0.5 * math.erfc((hi - mean) / z)
+
+
+def grows(early, late, z: float = 2.0) -> bool:
+    """mean(late) - mean(early) > z sqrt(var(early)/n_e + var(late)/n_l): a rise beyond z standard errors."""
+    e = np.asarray(early, dtype=np.float64).reshape(-1)
+    lt = np.asarray(late, dtype=np.float64).reshape(-1)
+    if e.size < 2 or lt.size < 2 or not (np.all(np.isfinite(e)) and np.all(np.isfinite(lt))):
+        raise ValueError(f"early and late need >= 2 finite values each; got {e.size} and {lt.size}")
+    se = math.sqrt(fstd(e) ** 2 / e.size + fstd(lt) ** 2 / lt.size)
+    return fmean(lt) - fmean(e) > z * se
+
+
+def weight_mean(snapshot: Mapping[str, np.ndarray], eps_low: float = 0.2,
+                eps_high: float = 0.2) -> float:
+    """mu_W = mean_t min(r_t A_t, clip(r_t) A_t), r_t = e^(alpha_t + beta_t), over a recorded step's tokens."""
+    alpha, beta, adv = (torch.as_tensor(snapshot[k], dtype=torch.float64)
+                        for k in ("alpha", "beta", "adv"))
+    return fmean(token_weights(E.exp64(alpha + beta), adv, eps_low, eps_high))
+
+
+@dataclass
+class Evidence:
+    """One configuration's measurements for `source_findings`, per seed (dicts keyed by seed).
+
+    matched / mismatched: the bf16- and fp32-trainer RunLogs (bf16 engine). converge: steps to
+    -2 per seed (lists in seed order) for "lr10", "bf16_weights", "bf16_weights_lr10",
+    "fix_baseline" (the unfixed run the fixes are tried on), "eps10" and "shadow". window: the
+    steps that match the source's 100-step runs; late: the steps standing for "later in
+    training" (the source's step 50). gradients / matched_gradients: gradient_report dicts per
+    seed and step (any seeds). rare: (rare, common) median |beta| or None where the vocabulary
+    has no rare entries; mu_w: per seed (matched, mismatched) mu_W; calibrated: SOURCE keys
+    whose value the configuration was chosen to give.
+    """
+
+    matched: Mapping[int, RunLog]
+    mismatched: Mapping[int, RunLog]
+    converge: Mapping[str, Sequence[int | None]]
+    window: slice = field(default_factory=lambda: slice(None))
+    late: slice = field(default_factory=lambda: slice(-10, None))
+    gradients: Mapping[int, Mapping] = field(default_factory=dict)
+    matched_gradients: Mapping[int, Mapping] = field(default_factory=dict)
+    rare: tuple[float, float] | None = None
+    mu_w: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    calibrated: frozenset = frozenset()
+
+
+def _across(verdicts: Sequence[str]) -> str:
+    """yes if every seed says yes; partly if every seed says at least partly; else no."""
+    if all(v == "yes" for v in verdicts):
+        return "yes"
+    return "partly" if all(v in ("yes", "partly") for v in verdicts) else "no"
+
+
+def _cap(verdict: str, measured: int, seeds: int) -> str:
+    """A row measured on fewer seeds than the configuration has is at most 'partly'."""
+    return "partly" if verdict == "yes" and measured < seeds else verdict
+
+
+def _later(a: Sequence, b: Sequence) -> bool:
+    """On every seed b reaches -2 after a (None: never), while a does."""
+    return all(x is not None and (y is None or y > x) for x, y in zip(a, b, strict=True))
+
+
+def _show(xs: Sequence) -> str:
+    return ",".join("-" if x is None else str(x) for x in xs)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else (math.inf if a > 0 else math.nan)
+
+
+def source_findings(ev: Evidence) -> dict[str, tuple[str, str]]:
+    """(text, verdict) for every SOURCE finding, judged on every seed of one configuration.
+
+    Each row compares the book's value with the source's by `reproduces` on every seed: yes if
+    every seed reproduces it, partly if on every seed at least the source's direction holds,
+    no otherwise; a row measured on fewer seeds (the gradient reports) is at most partly.
+    Rows in ev.calibrated read "set" and rows the configuration cannot measure "untestable".
+    Contrasts compare the right baseline: the cosine with the matched run's, a fix with the
+    unfixed run it is tried on; a correlation must rise beyond two standard errors.
+    """
+    seeds = sorted(ev.mismatched)
+    M, Mt = [ev.mismatched[s] for s in seeds], [ev.matched[s] for s in seeds]
+    w, late = ev.window, ev.late
+    out: dict[str, tuple[str, str]] = {}
+
+    def per_seed(key, vals, fmt, source, dirs=None):
+        dirs = dirs if dirs is not None else [False] * len(vals)
+        verdict = _across([reproduces(v, source, d) for v, d in zip(vals, dirs, strict=True)])
+        out[key] = (", ".join(format(v, fmt) for v in vals), verdict)
+
+    per_seed("beta_std", [fmean(m.beta_std[w]) for m in M], ".3f", 0.149)
+    per_seed("beta_beyond", [fmean(m.beta_beyond[w]) for m in M], ".1%", 0.18)
+    c3 = [(m.clip[3], t.clip[3]) for m, t in zip(M, Mt, strict=True)]
+    out["clip_step3"] = ("; ".join(f"{a:.1%}/{b:.1%}" for a, b in c3), _across(
+        [reproduces(_ratio(a, b), 13.5, direction=a > b) for a, b in c3]))
+    p5 = [(m.phantom[5], m.legitimate[5]) for m in M]
+    out["phantom_step5"] = ("; ".join(f"{a:.1%}/{b:.1%}" for a, b in p5), _across(
+        [reproduces(_ratio(a, b), 17.2 / 0.4, direction=a > b) for a, b in p5]))
+    per_seed("first_sync", [m.changed[1] for m in M], ".2%", 0.0096)
+    per_seed("sync_mean", [fmean(m.changed[w][1:]) for m in M], ".2%", (0.0024, 0.0029))
+    growth = [(m.beta_std[0], fmean(m.beta_std[late])) for m in M]
+    out["beta_growth"] = ("; ".join(f"{a:.3f}>{b:.3f}" for a, b in growth), _across(
+        [reproduces(_ratio(b, a), 0.244 / 0.043, direction=b > a) for a, b in growth]))
+    per_seed("snr", [fmean(m.snr()[w][1:]) for m in M], ".2f", 2.82)
+    early_corr = slice(0, 10)
+    corr = [(m.beta_adv_corr[early_corr], m.beta_adv_corr[late]) for m in M]
+    rises = [bool(np.all(np.isfinite(b))) and grows(a, b) for a, b in corr]
+    out["corr"] = ("; ".join(f"{fmean(a):+.3f}>{fmean(b):+.3f}" for a, b in corr), _across(
+        [reproduces(fmean(b), 0.069, direction=r) if r else "no"
+         for (a, b), r in zip(corr, rises, strict=True)]))
+    dep = [_ratio(fmean(t.deployed[w]), fmean(m.deployed[w])) for m, t in zip(M, Mt, strict=True)]
+    per_seed("deployed", dep, ".2f", 0.00128 / 0.00023, [d > 1 for d in dep])
+    out["deployed"] = (", ".join(f"{d:.2f}x" for d in dep), out["deployed"][1])
+    eff = [(_ratio(fmean(t.deployed[w]), fmean(t.moved[w])),
+            _ratio(fmean(m.deployed[w]), fmean(m.moved[w]))) for m, t in zip(M, Mt, strict=True)]
+    out["efficiency"] = ("; ".join(f"{a:.1%}/{b:.1%}" for a, b in eff), _across(
+        [reproduces(_ratio(a, b), 8.2 / 1.3, direction=a > b) for a, b in eff]))
+    early_alpha = slice(1, 6)
+    al = [(fmean(t.alpha_abs[early_alpha]), fmean(m.alpha_abs[early_alpha]))
+          for m, t in zip(M, Mt, strict=True)]
+    out["alpha_early"] = ("; ".join(f"{a:.3f}/{b:.3f}" for a, b in al), _across(
+        [_across([reproduces(a, 0.035), reproduces(b, 0.035)]) for a, b in al]))
+    zero = [float(np.max(np.abs(t.beta_abs))) for t in Mt]
+    out["beta_zero"] = (", ".join(f"{z:g}" for z in zero), "yes" if max(zero) == 0 else "no")
+
+    # gradient reports: whatever seeds were measured, capped at partly below all seeds
+    g = {s: ev.gradients[s] for s in seeds if s in ev.gradients}
+    if g:
+        crs = [fmean([r["cos_ratio_score"] for r in g[s].values()]) for s in g]
+        out["cos_ratio_score"] = (", ".join(f"{c:+.2f}" for c in crs), _cap(_across(
+            [reproduces(c, -0.58, direction=c < 0) for c in crs]), len(g), len(seeds)))
+        nc = [fmean([r["cos_clean_actual"] for r in g[s].values()]) for s in g]
+        out["cos_no_clip"] = (", ".join(f"{c:.3f}" for c in nc),
+                              _cap("yes" if min(nc) > 0.95 else "no", len(g), len(seeds)))
+    else:
+        out["cos_ratio_score"] = out["cos_no_clip"] = ("-", "untestable")
+    gm = {s: ev.matched_gradients[s] for s in g if s in ev.matched_gradients}
+    if gm:
+        pairs = [(fmean([r["cos_reinforce"] for r in gm[s].values()]),
+                  fmean([r["cos_reinforce"] for r in g[s].values()])) for s in gm]
+        drop = [a - b for a, b in pairs]
+        # The size of the effect: the drop below the matched run's cosine, against the
+        # source's 1 - cos (its matched run is its clean reference); a drop under a tenth of
+        # the source's smallest is no evidence of the direction either.
+        out["cos_reinforce"] = ("; ".join(f"{a:.3f}/{b:.3f}" for a, b in pairs), _cap(_across(
+            [reproduces(d, (0.27, 0.45), direction=d > 0.027) for d in drop]),
+            len(gm), len(seeds)))
+    else:
+        out["cos_reinforce"] = ("-", "untestable")
+    mu = [ev.mu_w[s] for s in seeds if s in ev.mu_w]
+    if mu:
+        same = [abs(b - a) <= 0.1 * abs(a) for a, b in mu]
+        out["mu_w"] = ("; ".join(f"{a:+.3f}/{b:+.3f}" for a, b in mu), _cap(_across(
+            [_across([reproduces(a, -0.258), reproduces(b, -0.238)]) if sm else "no"
+             for (a, b), sm in zip(mu, same, strict=True)]), len(mu), len(seeds)))
+        if out["mu_w"][1] == "no" and all(same):
+            out["mu_w"] = (out["mu_w"][0], "partly")  # equal across runs, another level
+    else:
+        out["mu_w"] = ("-", "untestable")
+
+    # convergence: every seed; a fix must rescue (or at least speed up) its unfixed run
+    m = [t.steps_to(-2.0) for t in Mt]
+    mm = [t.steps_to(-2.0) for t in M]
+    c = ev.converge
+    out["converge_low"] = (f"{_show(m)} / {_show(mm)}",
+                           "yes" if None not in m and set(mm) == {None}
+                           else "partly" if _later(m, mm) else "no")
+    out["converge_high"] = (_show(c["lr10"]), "yes" if None not in c["lr10"] else "no")
+    bw, bw10 = c["bf16_weights"], c["bf16_weights_lr10"]
+    out["bf16_weights"] = (f"{_show(bw)} / {_show(bw10)}",
+                           "yes" if set(bw) == {None} and None not in bw10
+                           else "partly" if _later(bw10, bw) else "no")
+    base = c["fix_baseline"]
+
+    def rescue(fix):
+        if set(base) == {None} and None not in fix:
+            return "yes"
+        return "partly" if _later(fix, base) else "no"
+
+    out["fixes"] = (f"{_show(c['eps10'])} / {_show(c['shadow'])} (unfixed {_show(base)})",
+                    _across([rescue(c["eps10"]), rescue(c["shadow"])]))
+    if ev.rare is None or not all(math.isfinite(x) for x in ev.rare):
+        out["rare"] = ("no entries" if ev.rare is None else
+                       " / ".join("-" if not math.isfinite(x) else f"{x:.3f}" for x in ev.rare),
+                       "untestable")
+    else:
+        r, cm = ev.rare
+        out["rare"] = (f"{r:.3f} / {cm:.3f}",
+                       reproduces(_ratio(r, cm), (25.0, 50.0), direction=r > cm))
+    for key in ev.calibrated:
+        if key not in SOURCE:
+            raise ValueError(f"unknown source finding {key!r}; valid choices: {', '.join(SOURCE)}")
+        out[key] = (out[key][0], "set")
+    return {k: out[k] for k in SOURCE}
+
+
+def tally(rows: Mapping[str, tuple[str, str]]) -> dict[str, int]:
+    """How many rows got each verdict; 'set' and 'untestable' rows are counted apart, not as evidence."""
+    return {v: sum(r[1] == v for r in rows.values()) for v in VERDICTS}

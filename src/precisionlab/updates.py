@@ -24,6 +24,7 @@ __all__ = [
     "OPTIMIZERS",
     "POLICIES",
     "TrainingRun",
+    "boundary_distance",
     "crossing_trajectory",
     "repeated_update",
     "simulate_crossing",
@@ -170,6 +171,21 @@ def _next_down_nonneg(a, fmt: FloatFormat):
 
 
 # --------------------------------------------------------------------------- public API
+
+
+def boundary_distance(w, dw, fmt="bfloat16", mode: str = "nearest_even"):
+    """D = |b - w|: how far w moves in dw's direction before fl changes (b: the rounding boundary next to fl(w)).
+
+    For a weight stored in fmt and nearest rounding, D = ulp(w)/2, except at a power of two
+    stepping toward zero, where the gap below is half as large and D = ulp(w)/4. An update
+    with |dw| < D is rounded away; |dw| = D is a tie. Returned in float64 (exact for fmt
+    values w, the rounded D otherwise).
+    """
+    fmt = _check_narrow(fmt)
+    _check_mode(mode)
+    bd = _boundary(w, dw, fmt, mode)
+    out = np.where(bd.never, np.inf, bd.d_hi + bd.d_lo)
+    return float(out) if out.ndim == 0 else out
 
 
 def swallowed(w, dw, fmt="bfloat16", mode: str = "nearest_even"):

@@ -11,14 +11,18 @@ array). A learnable scalar ``k`` per lane lives inside the simulator. One step o
   stiffness): ``v' += h k p``, p taken at y' (semi-implicit) or at y (explicit);
 * **projection contact** -- the unconstrained y' is corrected by ``y' += fl(alpha k) p`` (k is a
   gain) for as long as the stopping rule says *continue*, at most ``max_iter`` passes; then a
-  ball that started the solve below the floor bounces: ``v' = -e min(v', 0)``.
+  ball that started the solve below the floor bounces: ``v' = -e min(v', 0)``. With
+  ``clamp=True`` the step ends with ``y' = max(y', 0)``, as the source's sketch does: the
+  residual penetration the loop leaves (and its dependence on k) is cut off.
 
 Arithmetic: every operation is evaluated in float64 from stored values and rounded once into
 the state format ``fmt`` (``precisionlab.rounding.round_to``), so a float32 world does IEEE
 float32 arithmetic and a bfloat16 world bfloat16 arithmetic, bit for bit on every CPU. Gradients
 pass each rounding straight through and are carried in float64 along the branch the forward
-pass took: they are the exact derivatives of the piecewise program that actually ran. The loss
-is a float64 mean over the balls (``precisionlab.emulate.fixed_sum``).
+pass took: they are the real-arithmetic derivatives of the executed branch, evaluated at the
+rounded states (``grad_fmt`` instead rounds the adjoint into a format at every rounded
+operation, e.g. to see a float16 backward pass overflow). The loss is a float64 mean over the balls
+(``precisionlab.emulate.fixed_sum``).
 
 The stopping rule compares a reduction S of the penetrations with ``tol``; its precision policy
 (``POLICIES``) is a parameter of the world:
@@ -32,8 +36,8 @@ per_instance    no sum: ball i keeps iterating while p_i >= tol / N (its share o
                 others stop; a lane runs while any of its balls does
 hysteresis      S as in low_precision, two thresholds: an *engaged* solver continues while
                 S >= tol_exit, a disengaged one starts only when S >= tol; the solver starts
-                engaged, disengages when it stops on the tolerance and stays engaged after a
-                solve cut off by max_iter
+                engaged (``start_engaged``), disengages when it stops on the tolerance and
+                stays engaged after a solve cut off by max_iter
 ==============  ===============================================================================
 
 Every rollout is logged (`Rollout`): first-contact step, iterations per step, the margin
@@ -65,16 +69,19 @@ __all__ = [
     "Rollout",
     "StiffnessMap",
     "World",
+    "autocast_batch",
     "boundary_batch",
     "boundary_rollout",
     "coalesce",
     "contact_boundary",
     "finite_difference",
     "first_contact_steps",
+    "horizon_sensitivity",
     "rollout",
     "side_by_side",
     "softplus",
     "stiffness_map",
+    "torch_autocast_rollout",
     "torch_boundary_rollout",
 ]
 
@@ -142,6 +149,9 @@ class World:
     order: str = "sequential"
     smooth: float = 0.0
     damping: float = 0.0
+    clamp: bool = False
+    start_engaged: bool = True
+    grad_fmt: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "h", _positive(self.h, "h"))
@@ -168,6 +178,11 @@ class World:
         check_choice(self.order, "order", DETERMINISTIC_ORDERS)
         object.__setattr__(self, "smooth", _nonnegative(self.smooth, "smooth"))
         object.__setattr__(self, "damping", _nonnegative(self.damping, "damping"))
+        for flag in ("clamp", "start_engaged"):
+            if not isinstance(getattr(self, flag), (bool, np.bool_)):
+                raise ValueError(f"{flag} must be True or False; got {flag}={getattr(self, flag)!r}")
+        if self.grad_fmt is not None:
+            object.__setattr__(self, "grad_fmt", get_format(self.grad_fmt).name)
 
     @property
     def accumulator(self) -> str:
@@ -193,6 +208,7 @@ class Rollout:
     world: World
     heights: np.ndarray  # (T+1, L, N) y_t after each step's contact handling
     velocities: np.ndarray  # (T+1, L, N)
+    free_velocities: np.ndarray  # (T, L, N) v' of step t before contact (the impact velocity)
     penetration: np.ndarray  # (T, L, N) p at the end of step t
     iterations: np.ndarray  # (T, L) solver passes run at step t
     stop: np.ndarray  # (T, L) "tol", "max_iter" or "none" (penalty contact)
@@ -200,6 +216,7 @@ class Rollout:
     first_margin: np.ndarray  # (T, L) S - threshold of the first test of the step
     flips: np.ndarray  # (T, L) tests whose decision the exact sum would have reversed
     first_contact: np.ndarray  # (L,) first step whose unconstrained position penetrates (-1: none)
+    touching: np.ndarray  # (T, L) some ball's unconstrained position penetrates at step t
     loss: np.ndarray  # (L,)
     grad: np.ndarray  # (L,) dL/dk (exact zeros where the loss does not depend on k)
     loss_requires_grad: bool
@@ -258,15 +275,18 @@ class Rollout:
 
 
 class _Round(torch.autograd.Function):
-    """y = fl_F(x) stored in float64; dy/dx = 1 (straight through)."""
+    """y = fl_F(x) stored in float64; dy/dx = 1 (straight through), the adjoint rounded to G if given."""
 
     @staticmethod
-    def forward(ctx, x, fmt):
+    def forward(ctx, x, fmt, grad_fmt):
+        ctx.grad_fmt = grad_fmt
         return round_to(x.detach().contiguous(), fmt)
 
     @staticmethod
     def backward(ctx, g):
-        return g, None
+        if ctx.grad_fmt is not None:
+            g = round_to(g.contiguous(), ctx.grad_fmt)
+        return g, None, None
 
 
 class _Spread(torch.autograd.Function):
@@ -281,10 +301,10 @@ class _Spread(torch.autograd.Function):
         return emulate.fixed_sum(g, dim=-1), None
 
 
-def _rounder(fmt: str):
-    if fmt == "float64":
+def _rounder(fmt: str, grad_fmt: str | None = None):
+    if fmt == "float64" and grad_fmt is None:
         return lambda x: x
-    return lambda x: _Round.apply(x, fmt)
+    return lambda x: _Round.apply(x, fmt, grad_fmt)
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
@@ -307,11 +327,25 @@ def _penetration(y: torch.Tensor, world: World, r) -> torch.Tensor:
     return torch.where(y < 0, -y, torch.zeros_like(y))  # exact in any format
 
 
-def _force(world: World, kb, p, v, r):
-    """Contact force k p, minus damping c v while in contact (p > 0)."""
+def _contact_weight(y: torch.Tensor, world: World) -> torch.Tensor:
+    """dp/d(-y): 1 below the floor and 0 above (hard contact), sigmoid(-y / eps) when smoothed."""
+    if world.smooth == 0:
+        return (y < 0).to(torch.float64)
+    x = (-y / world.smooth).to(torch.float64)
+    e = emulate.exp(torch.where(x > 0, -x, x), _F64)  # e^-|x|, never overflows
+    return torch.where(x > 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _force(world: World, kb, p, v, r, y):
+    """Contact force k p, minus damping c v while in contact: where y < 0, or weighted by
+    sigmoid(-y / eps) for a smoothed contact (so a ball in free flight is not damped)."""
     f = r(kb * p)
     if world.damping > 0:
-        f = torch.where(p > 0, r(f - r(world.damping * v)), f)
+        if world.smooth == 0:
+            f = torch.where(p > 0, r(f - r(world.damping * v)), f)
+        else:
+            w = _contact_weight(y, world)
+            f = r(f - r(world.damping * r(w * v)))
     return f
 
 
@@ -437,7 +471,7 @@ def rollout(world: World, y0, k, T: int, v0=0.0, loss: str = "penetration",
     target = _real(target, "target")
     y_np, v_np, k_np = _lanes(y0, v0, k)
     lanes, n = y_np.shape
-    r = _rounder(world.fmt)
+    r = _rounder(world.fmt, world.grad_fmt)
     k_leaf = torch.tensor(k_np, dtype=torch.float64, requires_grad=True)
     k_used = k_leaf if k_transform is None else k_transform(k_leaf)
     kb = _Spread.apply(k_used, n)
@@ -446,9 +480,10 @@ def rollout(world: World, y0, k, T: int, v0=0.0, loss: str = "penetration",
     hg = float(round_to(world.h * world.g, world.fmt)) if world.fmt != "float64" else world.h * world.g
     if world.contact == "projection":
         c = r(world.alpha * kb)
-    engaged = np.ones(lanes, dtype=bool)
+    engaged = np.full(lanes, bool(world.start_engaged))
 
     heights, vels, pens = [y.detach().numpy().copy()], [v.detach().numpy().copy()], []
+    free, touch = [], []
     iters = np.zeros((T, lanes), dtype=np.int64)
     stops = np.full((T, lanes), "none", dtype=object)
     margin = np.full((T, lanes), np.nan)
@@ -461,12 +496,12 @@ def rollout(world: World, y0, k, T: int, v0=0.0, loss: str = "penetration",
             if world.integrator == "explicit":
                 p_old = _penetration(y, world, r)
                 y1, v1 = _integrate(world, y, v, r, hg)
-                v = r(v1 + r(world.h * _force(world, kb, p_old, v, r)))
+                v = r(v1 + r(world.h * _force(world, kb, p_old, v, r, y)))
                 y = y1
             else:
                 y1, v1 = _integrate(world, y, v, r, hg)
                 p_new = _penetration(y1, world, r)
-                v = r(v1 + r(world.h * _force(world, kb, p_new, v1, r)))
+                v = r(v1 + r(world.h * _force(world, kb, p_new, v1, r, y1)))
                 y = y1
             touching = (y1 < 0).detach().numpy().any(axis=1)
             p_end = _penetration(y, world, r)
@@ -478,8 +513,12 @@ def rollout(world: World, y0, k, T: int, v0=0.0, loss: str = "penetration",
             iters[t], stops[t], margin[t], first_margin[t], flips[t] = passes, stop, last_m, first_m, fl
             bounce = -r(world.restitution * torch.minimum(v1, torch.zeros_like(v1)))
             v = torch.where(below, bounce, v1)
+            if world.clamp:
+                y = torch.where(y < 0, torch.zeros_like(y), y)  # relu(y): no k past this point
             p_end = _penetration(y, world, r)
         first_contact = np.where((first_contact < 0) & touching, t, first_contact)
+        free.append(v1.detach().numpy().copy())
+        touch.append(touching.copy())
         heights.append(y.detach().numpy().copy())
         vels.append(v.detach().numpy().copy())
         pens.append(p_end.detach().numpy().copy())
@@ -500,8 +539,9 @@ def rollout(world: World, y0, k, T: int, v0=0.0, loss: str = "penetration",
         if g is not None:
             grad = g.detach().numpy().copy()
     return Rollout(world=world, heights=np.stack(heights), velocities=np.stack(vels),
-                   penetration=np.stack(pens), iterations=iters, stop=stops, margin=margin,
+                   free_velocities=np.stack(free), penetration=np.stack(pens), iterations=iters, stop=stops, margin=margin,
                    first_margin=first_margin, flips=flips, first_contact=first_contact,
+                   touching=np.stack(touch),
                    loss=loss_lanes.detach().numpy().copy(), grad=grad, loss_requires_grad=needs,
                    k=k_np)
 
@@ -546,13 +586,14 @@ def boundary_rollout(fmt="bfloat16", policy: str = "low_precision", low="bfloat1
 
 
 def side_by_side(runs: dict, lane: int = 0) -> str:
-    """One line per named rollout (iterations per step, loss, dL/dk, whether the loss needs grad),
-    then max_t,i |p_t,i(first) - p_t,i(other)| for every other run."""
+    """One line per named rollout (first contact step, iterations per step, loss, dL/dk, whether
+    the loss needs grad), then max_t,i |p_t,i(first) - p_t,i(other)| for every other run."""
     width = max(len(name) for name in runs)
-    lines = [f"{'run':<{width}}  {'iterations per step':<20} {'loss':>12} {'dL/dk':>13}  requires grad"]
+    lines = [f"{'run':<{width}}  {'contact':>7}  {'iterations per step':<20} {'loss':>12} "
+             f"{'dL/dk':>13}  requires grad"]
     for name, r in runs.items():
-        lines.append(f"{name:<{width}}  {r.it_hist(lane)!s:<20} {r.loss[lane]:>12.6e} "
-                     f"{r.grad[lane]:>13.6e}  {r.loss_requires_grad}")
+        lines.append(f"{name:<{width}}  {int(r.first_contact[lane]):>7}  {r.it_hist(lane)!s:<20} "
+                     f"{r.loss[lane]:>12.6e} {r.grad[lane]:>13.6e}  {r.loss_requires_grad}")
     names = list(runs)
     first = runs[names[0]]
     for name in names[1:]:
@@ -683,8 +724,11 @@ class StiffnessMap:
     backward: np.ndarray  # (H, K) |k dy_T/dk| / y0: the final height's response to a relative change of k
     steps: np.ndarray  # (H,) rollout lengths round(duration / h)
 
-    def regions(self, forward_limit: float = 2.0, backward_limit: float = 100.0) -> np.ndarray:
-        """(H, K) codes: 0 both fine, 1 forward fine but backward above backward_limit, 2 forward above forward_limit."""
+    def regions(self, forward_limit: float = 1.0, backward_limit: float = 100.0) -> np.ndarray:
+        """(H, K) codes: 0 both fine, 1 forward fine but backward above backward_limit, 2 forward above forward_limit.
+
+        The default forward_limit 1 flags every rollout whose ball ever rises above its drop height.
+        """
         fwd_bad = ~np.isfinite(self.forward) | (self.forward > forward_limit)
         bwd_bad = ~np.isfinite(self.backward) | (self.backward > backward_limit)
         return np.where(fwd_bad, 2, np.where(bwd_bad, 1, 0))
@@ -713,3 +757,75 @@ def stiffness_map(hs, ks, integrator: str = "semi_implicit", duration: float = 2
             fwd[i] = np.abs(run.heights).max(axis=(0, 2)) / y0
             bwd[i] = np.abs(ks * run.grad) / y0
     return StiffnessMap(h=hs, k=ks, integrator=integrator, forward=fwd, backward=bwd, steps=steps)
+
+
+def horizon_sensitivity(world: World, y0, k: float, horizons, v0=0.0) -> np.ndarray:
+    """dy_T/dk (the mean final height's gradient, lane 0) for each horizon T in `horizons`."""
+    Ts = [_count(t, "horizon") for t in np.asarray(horizons).reshape(-1).tolist()]
+    return np.array([rollout(world, y0, _real(k, "k"), T, v0=v0, loss="mean_height").grad[0]
+                     for T in Ts])
+
+
+# --------------------------------------------------------------------------- a real autocast pathway
+
+
+def autocast_batch(tol: float = 1e-3) -> tuple[np.ndarray, float]:
+    """(y0, tol): four float32 penetrations whose squared norm reaches tol in float32 but not in bfloat16.
+
+    Two balls each at p1 and p2, each the largest float32 below the bfloat16 midpoint above
+    b1 = 67 * 2^-13 and b2 = 85 * 2^-12: casting to bfloat16 (as autocast does for a matmul)
+    rounds each down to b_i, so fl_bf16(sum b_i^2) = 0.00099182 lies below fl_bf16(tol),
+    while the float32 sum of p_i^2 is 0.0010011 >= tol. Built for tol = 1e-3.
+    """
+    from .rounding import next_down
+
+    tol = _positive(tol, "tol")
+    bs = np.array([67 * 2.0**-13, 85 * 2.0**-12])
+    mids = (bs + np.asarray(next_up(bs, "bfloat16"))) / 2
+    p = np.asarray(next_down(mids, "float32"))
+    y0 = -np.repeat(p, 2).reshape(1, -1)
+    s32 = float(round_to(math.fsum(float(round_to(q * q, "float32")) for q in p.repeat(2)),
+                         "float32"))
+    sbf = float(round_to(math.fsum(np.repeat(bs, 2) ** 2), "bfloat16"))
+    if not (s32 >= float(round_to(tol, "float32")) and sbf < float(round_to(tol, "bfloat16"))):
+        raise ValueError(f"the batch is built for tol = 1e-3 (float32 |p|^2 = {s32!r}, bfloat16 "
+                         f"{sbf!r}); got tol={tol!r}")
+    return y0, tol
+
+
+def torch_autocast_rollout(autocast: bool, T: int = 4, max_iter: int = 25, k: float = 0.5,
+                           alpha: float = 0.5, tol: float = 1e-3) -> dict:
+    """The autocast_batch solved with torch: float32 state and gain, stopping test S = p @ p < tol.
+
+    With `autocast`, S is computed inside torch.autocast("cpu", dtype=torch.bfloat16), so the
+    matmul casts p to bfloat16 (and returns S in bfloat16); the update y <- y + alpha k p stays
+    in float32. Returns it_hist, S at the first test of each step, its dtype, loss (mean p^2),
+    grad and loss_requires_grad, as torch_boundary_rollout does. Uses torch's own kernels.
+    """
+    y0, tol = autocast_batch(tol)
+    kk = torch.tensor(float(k), dtype=torch.float32, requires_grad=True)
+    y = torch.as_tensor(y0[0], dtype=torch.float32)
+    it_hist, first_s, s_dtype = [], [], None
+    p = torch.relu(-y)
+    for _ in range(_count(T, "T")):
+        it = 0
+        while it < max_iter:
+            p = torch.relu(-y)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(autocast)):
+                s = p @ p
+            if it == 0:
+                first_s.append(float(s.detach()))
+                s_dtype = s.dtype
+            if bool(s < tol):
+                break
+            y = y + alpha * kk * p
+            it += 1
+        it_hist.append(it)
+    loss = p.pow(2).mean()
+    needs = bool(loss.requires_grad)
+    grad = 0.0
+    if needs:
+        (g,) = torch.autograd.grad(loss, kk, allow_unused=True)
+        grad = 0.0 if g is None else float(g)
+    return {"it_hist": it_hist, "first_s": first_s, "s_dtype": s_dtype,
+            "loss": float(loss.detach()), "grad": grad, "loss_requires_grad": needs}

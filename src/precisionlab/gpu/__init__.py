@@ -4,6 +4,7 @@ Submodules, one concept each:
 
 * `arith`: fl(a + b) rounded once from the exact sum, the step every simulation is made of;
 * `reductions`: sums in the orders GPU kernels use (trees, warps, split-K, atomics, Kahan);
+* `bias`: each add's rounding error booked by the binade of the running sum;
 * `decisions`: when a rounded sum flips a threshold test S < tol;
 * `profiles`: named device settings (fp32 CUDA cores, tf32/bf16/fp16 tensor cores, fp8);
 * `matmul`: matrix products under a profile (idealised: every add rounded once);
@@ -12,6 +13,7 @@ Submodules, one concept each:
 """
 
 from .arith import RoundedAdder, rounded_add
+from .bias import BinadeSplit, add_errors_by_binade
 from .decisions import boundary_terms, decision_margin, flip_probability
 from .matmul import matmul, round_operands
 from .profiles import PROFILE_NAMES, PROFILES, DeviceProfile, describe, get_profile
@@ -33,10 +35,12 @@ __all__ = [
     "PROFILES",
     "PROFILE_NAMES",
     "TENSOR_CORE_MODELS",
+    "BinadeSplit",
     "DeviceProfile",
     "RoundedAdder",
     "SolveResult",
     "TensorCoreModel",
+    "add_errors_by_binade",
     "atomic_orders",
     "block_fma",
     "boundary_terms",

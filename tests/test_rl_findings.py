@@ -1,0 +1,163 @@
+"""rl.source_findings and its helpers against hand-built logs and independent oracles.
+
+Oracles: scipy.stats.norm for the Gaussian tail; a Welch standard error written out with
+numpy; token weights min(rA, clip(r)A) by numpy; every verdict rule exercised on RunLogs whose
+arrays are set by hand so that the right answer is known.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from precisionlab import rl
+
+STEPS = 30
+
+
+def _log(steps: int = STEPS, **arrays) -> rl.RunLog:
+    """A RunLog with every per-step field 0 (beta_adv_corr nan) except those given."""
+    base = {k: np.zeros(steps) for k in rl.STEP_FIELDS}
+    base["beta_adv_corr"] = np.full(steps, np.nan)
+    base["reward"] = np.full(steps, -10.0)
+    for k, v in arrays.items():
+        base[k] = np.broadcast_to(np.asarray(v, dtype=np.float64), (steps,)).copy()
+    return rl.RunLog(config=rl.RunConfig(steps=steps), **base)
+
+
+def _converging(at: int | None, steps: int = STEPS) -> np.ndarray:
+    r = np.full(steps, -10.0)
+    if at is not None:
+        r[at - 4:] = -1.0  # the 5-step mean reaches -2 exactly at step `at`
+    return r
+
+
+def _evidence(**changes) -> rl.Evidence:
+    seeds = (0, 1, 2)
+    kw = {
+        "matched": {s: _log(reward=_converging(10)) for s in seeds},
+        "mismatched": {s: _log(reward=_converging(12), beta_std=0.1) for s in seeds},
+        "converge": {"lr10": [5, 5, 5], "bf16_weights": [None] * 3,
+                     "bf16_weights_lr10": [9, 9, 9], "fix_baseline": [None] * 3,
+                     "eps10": [20, 20, 20], "shadow": [21, 22, 23]},
+    }
+    kw.update(changes)
+    return rl.Evidence(**kw)
+
+
+def test_normal_outside_is_the_gaussian_tail():
+    for mean, std, lo, hi in [(-0.01, 0.15, -0.2, 0.2), (0.0, 1.0, -1.0, 2.0),
+                              (-0.0006, 0.043, math.log(0.8), math.log(1.2))]:
+        want = scipy.stats.norm.cdf(lo, mean, std) + scipy.stats.norm.sf(hi, mean, std)
+        assert rl.normal_outside(mean, std, lo, hi) == pytest.approx(want, rel=1e-12)
+    assert f"{rl.normal_outside(-0.01, 0.15, -0.2, 0.2):.0%}" == "18%"  # the source's estimate
+    with pytest.raises(ValueError, match="std"):
+        rl.normal_outside(0.0, 0.0, -1.0, 1.0)
+    with pytest.raises(ValueError, match="lo"):
+        rl.normal_outside(0.0, 1.0, 1.0, -1.0)
+
+
+def test_grows_uses_two_welch_standard_errors():
+    rng = np.random.default_rng(0)
+    early, late = rng.normal(0.0, 0.01, 10), rng.normal(0.0, 0.01, 10)
+    se = math.sqrt(np.var(early, ddof=1) / 10 + np.var(late, ddof=1) / 10)
+    gap = late.mean() - early.mean()
+    assert rl.grows(early, late) == (gap > 2 * se)
+    assert rl.grows(early, late + 3 * se - gap) and not rl.grows(early, late + 1.5 * se - gap)
+    assert not rl.grows([0.0321] * 5 + [0.0322] * 5, [0.0321] * 5 + [0.0325] * 5, z=1e9)
+    with pytest.raises(ValueError, match="early and late"):
+        rl.grows([1.0], [1.0, 2.0])
+
+
+def test_weight_mean_is_the_mean_of_the_ppo_weights():
+    rng = np.random.default_rng(1)
+    snap = {"alpha": rng.normal(0, 0.05, 200), "beta": rng.normal(0, 0.2, 200),
+            "adv": rng.choice([-1.5, 0.5, 2.0], 200)}
+    r = np.exp(snap["alpha"] + snap["beta"])
+    want = np.mean(np.minimum(r * snap["adv"], np.clip(r, 0.8, 1.2) * snap["adv"]))
+    assert rl.weight_mean(snap) == pytest.approx(want, rel=1e-12)
+
+
+def test_every_row_is_judged_and_tallied():
+    rows = rl.source_findings(_evidence())
+    assert list(rows) == list(rl.SOURCE)
+    counts = rl.tally(rows)
+    assert sum(counts.values()) == len(rl.SOURCE) and set(counts) == set(rl.VERDICTS)
+    assert rows["beta_std"] == ("0.100, 0.100, 0.100", "yes")  # within a factor 2 of 0.149
+    assert rows["beta_zero"][1] == "yes"  # matched beta is 0 everywhere
+    assert rows["cos_reinforce"][1] == rows["mu_w"][1] == "untestable"
+    assert rows["rare"] == ("no entries", "untestable")
+
+
+def test_yes_needs_every_seed():
+    ev = _evidence()
+    ev.mismatched[2].beta_std[:] = 0.01  # one seed far off: direction-free row -> no
+    assert rl.source_findings(ev)["beta_std"][1] == "no"
+    # deployed: matched ahead on every seed, by 5x on two and 1.5x on one -> partly
+    ev = _evidence()
+    for s, ratio in zip((0, 1, 2), (5.0, 5.0, 1.5), strict=True):
+        ev.matched[s].deployed[:] = ratio * 1e-3
+        ev.mismatched[s].deployed[:] = 1e-3
+    assert rl.source_findings(ev)["deployed"][1] == "partly"
+
+
+def test_fixes_must_rescue_the_run_they_are_applied_to():
+    assert rl.source_findings(_evidence())["fixes"][1] == "yes"  # unfixed never arrives
+    ev = _evidence(converge={**_evidence().converge, "fix_baseline": [27, 27, 8],
+                             "eps10": [23, 23, 9]})
+    assert rl.source_findings(ev)["fixes"][1] == "no"  # seed 2: later than the unfixed run
+    ev = _evidence(converge={**_evidence().converge, "fix_baseline": [None, None, 10],
+                             "eps10": [23, 23, 9], "shadow": [29, 27, 9]})
+    assert rl.source_findings(ev)["fixes"][1] == "partly"  # earlier on every seed
+
+
+def test_the_cosine_is_judged_against_the_matched_run():
+    def rep(c):
+        return {3: {"cos_reinforce": c, "cos_ratio_score": -0.5, "cos_clean_actual": 0.99}}
+
+    ev = _evidence(gradients={0: rep(0.939)}, matched_gradients={0: rep(0.950)})
+    rows = rl.source_findings(ev)
+    assert rows["cos_reinforce"][1] == "no"  # a fall of 0.011: no evidence
+    ev = _evidence(gradients={0: rep(0.60)}, matched_gradients={0: rep(0.95)})
+    assert rl.source_findings(ev)["cos_reinforce"][1] == "partly"  # yes, capped: one seed
+    three = {s: rep(0.60) for s in (0, 1, 2)}
+    ev = _evidence(gradients=three, matched_gradients={s: rep(0.95) for s in (0, 1, 2)})
+    rows = rl.source_findings(ev)
+    assert rows["cos_reinforce"][1] == "yes" and rows["cos_no_clip"][1] == "yes"
+    assert rows["cos_ratio_score"][1] == "yes"
+
+
+def test_a_correlation_must_rise_beyond_its_noise():
+    rng = np.random.default_rng(2)
+    flat = _evidence()
+    for m in flat.mismatched.values():
+        m.beta_adv_corr[:] = 0.0321 + rng.normal(0, 0.01, STEPS)
+    assert rl.source_findings(flat)["corr"][1] == "no"
+    rising = _evidence()
+    for m in rising.mismatched.values():
+        m.beta_adv_corr[:] = np.linspace(0.0, 0.1, STEPS) + rng.normal(0, 0.002, STEPS)
+    assert rl.source_findings(rising)["corr"][1] == "yes"
+
+
+def test_calibrated_rows_read_set_and_unknown_keys_are_rejected():
+    rows = rl.source_findings(_evidence(calibrated=frozenset({"beta_std", "first_sync"})))
+    assert rows["beta_std"][1] == rows["first_sync"][1] == "set"
+    assert rl.tally(rows)["set"] == 2
+    with pytest.raises(ValueError, match="unknown source finding"):
+        rl.source_findings(_evidence(calibrated=frozenset({"beta_mean"})))
+
+
+def test_windows_restrict_the_steps():
+    ev = _evidence(window=slice(0, 10))
+    for m in ev.mismatched.values():
+        m.beta_std[:10] = 0.15
+        m.beta_std[10:] = 10.0
+    assert rl.source_findings(ev)["beta_std"] == ("0.150, 0.150, 0.150", "yes")
+    ev = _evidence()
+    for m in ev.mismatched.values():
+        m.beta_std[:10] = 0.15
+        m.beta_std[10:] = 10.0
+    assert rl.source_findings(ev)["beta_std"][1] == "no"

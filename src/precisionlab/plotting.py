@@ -725,7 +725,7 @@ def plot_parameter_sweep(k, values, iterations=None, ylabel: str = "value", labe
     return ax
 
 
-def plot_stiffness_map(smap, forward_limit: float = 2.0, backward_limit: float = 100.0,
+def plot_stiffness_map(smap, forward_limit: float = 1.0, backward_limit: float = 100.0,
                        ax: Axes | None = None) -> Axes:
     """Regions of a world.StiffnessMap over (stiffness k, step size h): both fine, backward only, forward."""
     from matplotlib.colors import ListedColormap

@@ -298,6 +298,33 @@ def test_train_probe_keeps_the_format_and_learns():
     assert p.zero_fraction().shape == (4, 64) and p.norm("signal").shape == (4, 64)
 
 
+def test_train_probe_with_float32_master_weights_against_a_numpy_loop():
+    """master=True: m <- fl32(m - lr g) in NumPy float64 then one cast, the network's weights
+    fl16(m) by NumPy's cast; the same losses and gradient statistics, step by step."""
+    steps, lr = 3, 0.1
+    got = train_probe(0.82, 24, "float16", steps=steps, lr=lr, seed=2, master=True)
+    plain = train_probe(0.82, 24, "float16", steps=steps, lr=lr, seed=2)
+    net = AttenuatingNet(24, 64, 0.82, "float16", 2)
+    x, t = make_batch(64, 16, "float16", 2)
+    masters = [p.detach().numpy().astype(np.float32) for p in net.parameters()]
+    for k in range(steps):
+        rec = probe_gradients(net, x, t)
+        assert rec.loss == got.loss[k]
+        np.testing.assert_array_equal(rec.weight.norm, got.steps[k].weight.norm)
+        with torch.no_grad():
+            for i, p in enumerate(net.parameters()):
+                g = p.grad.numpy().astype(np.float64)
+                masters[i] = (masters[i].astype(np.float64) - lr * g).astype(np.float32)
+                p.copy_(torch.from_numpy(masters[i].astype(np.float16).astype(np.float32)))
+    # Updates below half a float16 ulp of a weight are lost without master weights and kept with
+    # them, so the two runs part ways after the first step.
+    assert got.loss[0] == plain.loss[0] and (got.loss != plain.loss).any()
+    with pytest.raises(ValueError, match="master must be True or False"):
+        train_probe(0.82, 4, "float16", steps=1, master="yes")
+    with pytest.raises(ValueError, match="backend='emulated' only"):
+        train_probe(0.82, 4, "float16", steps=1, master=True, backend="native")
+
+
 # --------------------------------------------------------------------------- portability
 
 
@@ -445,6 +472,14 @@ def test_diagnose_tells_a_collapsing_scale_from_a_scaler_at_work():
     fine = probe_gradients(AttenuatingNet(20, 64, 0.82, "float16"), *batch)
     start = simulate_scale_history([True] * 5 + [False] * 40, init_scale=2.0**36, growth_interval=5)
     assert diagnose([fine.loss], fine, scale_history=start).cause == "none"
+    # However short the record: five skips from 2^36, then the first good step at 2^31.
+    for good in (1, 2, 3):
+        short = simulate_scale_history([True] * 5 + [False] * good, init_scale=2.0**36)
+        assert short.scale[-1] == 2.0**31
+        assert diagnose([fine.loss], fine, scale_history=short).cause == "none"
+    # Skips that go on after the first good step, halving the scale, are a collapse.
+    relapse = simulate_scale_history([True] * 3 + [False] * 3 + [True] * 6, init_scale=2.0**36)
+    assert diagnose([fine.loss], fine, scale_history=relapse).cause == "scale collapsing"
     probing = simulate_scale_history(([False] * 9 + [True]) * 10, growth_interval=9)
     assert diagnose([fine.loss], fine, scale_history=probing).cause == "none"
     # A non-finite step under a steady scaler is an overflow the scaler handles by skipping.

@@ -558,7 +558,10 @@ def group_norm(x: torch.Tensor, groups: int, weight: torch.Tensor | None = None,
                          f"{tuple(x.shape)} and groups={groups!r}")
     if prec.native:
         dt = get_format(prec.fmt).torch_dtype
-        cv = (lambda p: None if p is None else p.to(dt))
+
+        def cv(p):
+            return None if p is None else p.to(dt)
+
         return torch.nn.functional.group_norm(x.to(dt), int(groups), cv(weight), cv(bias),
                                               eps).to(prec.container)
     return _GroupNorm.apply(x, int(groups), weight, bias, float(eps), prec)
@@ -623,7 +626,7 @@ def _reduce(x, dim, keepdim, divide, prec):
     return _Sum.apply(x, int(dim), bool(keepdim), bool(divide), prec)
 
 
-def sum(x: torch.Tensor, dim: int | None = None, keepdim: bool = False, prec="float32") -> torch.Tensor:  # noqa: A001
+def sum(x: torch.Tensor, dim: int | None = None, keepdim: bool = False, prec="float32") -> torch.Tensor:
     """sum over dim (all entries when None) by fixed_sum, rounded once to F."""
     return _reduce(x, dim, keepdim, False, prec)
 

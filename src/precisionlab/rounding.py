@@ -165,7 +165,7 @@ def _round_word_uniform(v, rnd, mant_bits, shift_base, emin_b, qmin, half_qmin, 
 def _deterministic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
                         overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
     """dst = bits of fl(src) for the deterministic modes (0-4); int32/int64 views of floats."""
-    for i in numba.prange(src.size):
+    for i in numba.prange(src.size):  # noqa: F821 - bound by _numba_kernel's globals
         dst[i] = _round_word(np.int64(src[i]), np.int64(0), mant_bits, shift_base, emin_b, qmin,
                              half_qmin, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
                              sign_value, mode)
@@ -174,7 +174,7 @@ def _deterministic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin
 def _stochastic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
                      overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, seed):
     """dst = bits of stochastically rounded src; element i draws SplitMix64(seed + i)."""
-    for i in numba.prange(src.size):
+    for i in numba.prange(src.size):  # noqa: F821 - bound by _numba_kernel's globals
         rnd = np.int64(_splitmix64(np.uint64(seed) + np.uint64(i)) >> np.uint64(1))
         dst[i] = _round_word(np.int64(src[i]), rnd, mant_bits, shift_base, emin_b, qmin,
                              half_qmin, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
@@ -240,7 +240,7 @@ def _python_words(src, dst, params, mode, seed, uniform):
         rnds = (_splitmix64(counter) >> np.uint64(1)).astype(np.int64).tolist()
     else:
         rnds = [0] * src.size
-    dst[:] = [word(v, rnd, *params, mode) for v, rnd in zip(src.tolist(), rnds)]
+    dst[:] = [word(v, rnd, *params, mode) for v, rnd in zip(src.tolist(), rnds, strict=True)]
 
 
 def _numpy_words(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,

@@ -390,14 +390,30 @@ class TrainingProbe:
 
 def train_probe(attenuation: float = 0.82, depth: int = 96, fmt="float16", steps: int = 10,
                 lr: float = 0.1, width: int = 64, batch: int = 16, seed: int = 0,
-                backend: str = "emulated") -> TrainingProbe:
-    """Plain SGD, w <- fl(w - lr·g), with weights, activations and gradients all stored in fmt."""
+                backend: str = "emulated", master: bool = False) -> TrainingProbe:
+    """Plain SGD, w <- fl(w - lr·g), with weights, activations and gradients all stored in fmt;
+    master=True keeps float32 master weights instead: m <- fl32(m - lr·g), w = fl_fmt(m)."""
     if int(steps) != steps or steps < 1:
         raise ValueError(f"steps must be a positive integer; got steps={steps!r}")
+    if not isinstance(master, (bool, np.bool_)):
+        raise ValueError(f"master must be True or False; got master={master!r}")
     lr = _check_positive(lr, "lr")
     net = AttenuatingNet(depth, width, attenuation, fmt, seed, backend)
     x, t = make_batch(width, batch, fmt, seed)
-    if net.prec.native:
+    if master:
+        if net.prec.native:
+            raise ValueError("master=True runs with backend='emulated' only; got backend='native'")
+        copies = [torch.nn.Parameter(p.detach().clone()) for p in net.parameters()]
+        master_opt = emulate.SGD(copies, lr, prec="float32")
+
+        @torch.no_grad()
+        def update():
+            for m, p in zip(copies, net.parameters(), strict=True):
+                m.grad = p.grad
+            master_opt.step()  # the update lands in float32 ...
+            for m, p in zip(copies, net.parameters(), strict=True):
+                p.copy_(net.prec.round(m))  # ... and the network uses its fmt copy
+    elif net.prec.native:
         dt = get_format(net.fmt).torch_dtype
 
         @torch.no_grad()
@@ -523,8 +539,9 @@ def _scale_collapse(history) -> str | None:
     """Why a loss-scale record shows a collapsing scale, or None.
 
     Collapsing: the latest scale is below 1 (the scaler now shrinks gradients, so they overflow
-    at their true size), or over the later half of the record the scale still fell by at least
-    two factors of two, with skipped steps in it. A too-high start (a few skips, then steady)
+    at their true size), or over the later half of the record after its first good step (all of
+    it if none) the scale still fell by at least two factors of two, with skipped steps in it.
+    A too-high start (skips until the first good step, then steady), however short the record,
     and the occasional probe above the ceiling are neither.
     """
     scale = np.asarray(history.scale, dtype=np.float64)
@@ -534,11 +551,15 @@ def _scale_collapse(history) -> str | None:
     if not (np.isfinite(scale).all() and (scale > 0).all()):
         raise ValueError("scale_history.scale must hold finite scales > 0")
     last = scale[-1]
-    half = scale.size // 2
-    fell = math.log2(scale[half]) - math.log2(last)
-    n_skip = int(skipped[half:].sum())
     if last < 1:
         return f"the loss scale has sunk to 2^{math.log2(last):g}, below 1"
+    # Skips before the first good step are the scaler's initial search for a workable scale
+    # (a too-high start); only what follows it counts. With no good step at all, everything does.
+    good = np.flatnonzero(~skipped)
+    first = int(good[0]) if good.size else 0
+    half = first + (scale.size - first) // 2
+    fell = math.log2(scale[half]) - math.log2(last)
+    n_skip = int(skipped[half:].sum())
     if fell >= 2 and n_skip >= 2:
         return (f"the loss scale fell from 2^{math.log2(scale[half]):g} to 2^{math.log2(last):g}"
                 f" over the last {scale.size - half} steps, {n_skip} of them skipped")

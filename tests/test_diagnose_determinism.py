@@ -68,3 +68,18 @@ def test_bad_input_names_the_argument():
         diagnose.determinism(3, torch.ones(2))
     with pytest.raises(ValueError, match=r"loss_fn needs fn to be a torch\.nn\.Module"):
         diagnose.determinism(torch.sin, torch.ones(2), loss_fn=lambda o: o.sum())
+
+
+def test_random_draws_are_the_same_in_every_run():
+    """Dropout in training mode draws the same mask in each run: only the order of additions
+    is compared, and the global random state and deterministic flags are left as they were."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).train()
+    x = torch.randn(4, 8)
+    state = torch.get_rng_state()
+    torch.use_deterministic_algorithms(False)
+    r = diagnose.determinism(m, x, threads=(1, 2), repeats=2)
+    assert all(c.changed == 0 for c in r.changes if c.setting.startswith("repeat"))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert not torch.is_deterministic_algorithms_warn_only_enabled()

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from diagnose_models import SmallCNN
+from oracles import table_round
 
 from precisionlab import diagnose
 
@@ -94,8 +95,13 @@ def test_swallowed_updates_against_ml_dtypes():
         (g,) = torch.autograd.grad(loss_fn(lin(x)), [lin.weight])
         wb = lin.weight.detach().to(torch.bfloat16).double().numpy()
         gd = g.double().numpy()
-        step = -lr * (gd if opt == "sgd" else np.sign(gd))
-        moved = (wb + step).astype(ml_dtypes.bfloat16).astype(np.float64) != wb
+        step = -lr * (gd if opt == "sgd" else gd / (np.abs(gd) + 1e-8))  # Adam's first step
+        # rounded once from the float64 sum (exact here up to 2^-53, far from any tie), by
+        # table search; ml_dtypes would round through float32 first
+        moved = table_round(wb + step, "bfloat16", "nearest_even") != wb
+        if opt == "sgd":  # steps of 2^-9 hit ties exactly: ml_dtypes agrees there
+            assert np.array_equal(moved, (wb + step).astype(ml_dtypes.bfloat16).astype(
+                np.float64) != wb)
         upd = step != 0
         assert r.tensors[0].updated == int(upd.sum())
         assert r.tensors[0].swallowed == int((~moved & upd).sum())
@@ -132,3 +138,23 @@ def test_bad_input_names_the_argument():
         diagnose.gradients(m, loss_fn, x, lr=1e-3, optimizer="lion")
     with pytest.raises(ValueError, match="batch must be"):
         diagnose.gradients(m, loss_fn, None)
+
+
+def test_scale_range_top_respects_activation_gradients():
+    """With activations=True the top of the range keeps the activation gradients finite too: a
+    float16 backward overflows there first when the inputs are small (weight gradients carry the
+    inputs' factor, activation gradients do not)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 10, bias=False))
+    x, y = torch.randn(4, 16) * 1e-3, torch.randint(0, 10, (4,))
+
+    def loss_fn(out):
+        return F.cross_entropy(out, y)
+    r_par = diagnose.gradients(m, loss_fn, x, tail=0.01)
+    r_all = diagnose.gradients(m, loss_fn, x, tail=0.01, activations=True)
+    top = max(t.max_abs for t in r_all.tensors)
+    assert top > max(t.max_abs for t in r_all.tensors if t.kind == "parameter")
+    _, _, over = diagnose.cast_thresholds("float16")
+    hi = r_all.scale_range["float16"][1]
+    assert top * 2.0**hi < over <= top * 2.0 ** (hi + 1)
+    assert hi < r_par.scale_range["float16"][1]

@@ -129,6 +129,7 @@ class DeterminismReport(Report):
 def _setting(threads: int | None, deterministic: bool):
     old_t = torch.get_num_threads()
     old_d = torch.are_deterministic_algorithms_enabled()
+    old_w = torch.is_deterministic_algorithms_warn_only_enabled()
     old_c = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     try:
         if threads is not None:
@@ -139,7 +140,7 @@ def _setting(threads: int | None, deterministic: bool):
         yield
     finally:
         torch.set_num_threads(old_t)
-        torch.use_deterministic_algorithms(old_d)
+        torch.use_deterministic_algorithms(old_d, warn_only=old_w)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old_c
 
 
@@ -181,6 +182,7 @@ def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: b
     the first setting) and count, per output and gradient entry, |ord(x) - ord(x_baseline)| > 0.
 
     loss_fn(output) -> scalar adds the gradients of fn's parameters (fn a Module) to the comparison.
+    Every run starts from the same random seed, so dropout and other random draws are the same.
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable (a Module or a function); got {type(fn).__name__}")
@@ -205,8 +207,12 @@ def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: b
     if deterministic:
         plan.append(("deterministic", ts[0], True))
     runs = []
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=[]):  # every run draws the same random numbers
+        seed = int(torch.randint(0, 2**62, (1,)))
     for _, t, d in plan:
-        with _setting(t, d):
+        with _setting(t, d), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
             runs.append(_run(fn, ins, loss_fn, params))
     base = runs[0]
     changes = []

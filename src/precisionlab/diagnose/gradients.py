@@ -44,6 +44,7 @@ __all__ = ["GradientReport", "TensorGradients", "cast_thresholds", "gradients"]
 _EXP_OFFSET = 160  # frexp exponents of finite nonzero float32 values lie in -148..128
 _EXP_BINS = 300
 _OPTIMIZERS = ("sgd", "adam")
+_ADAM_EPS = 1e-8  # torch.optim.Adam's default eps
 
 
 def cast_thresholds(fmt) -> tuple[float, float, float]:
@@ -110,7 +111,9 @@ def _stats(name, kind, g, scale, formats, w=None, lr=None, optimizer="sgd") -> T
         from ..updates import swallowed as _swallowed
 
         gd = g.detach().to(torch.float64).reshape(-1).cpu()
-        step = -lr * (gd if optimizer == "sgd" else torch.sign(gd))
+        # Adam's first step: the bias-corrected moments are g and g^2, so the step is
+        # lr g / (|g| + eps) with torch's eps = 1e-8: lr sign(g) unless |g| is near eps
+        step = -lr * (gd if optimizer == "sgd" else gd / (gd.abs() + _ADAM_EPS))
         keep = (step != 0) & torch.isfinite(step)
         wb = w.detach().to(torch.bfloat16).to(torch.float64).reshape(-1).cpu()[keep]
         updated = int(keep.sum())
@@ -266,8 +269,8 @@ class GradientReport(Report):
         rows = [[f"loss scale 2^{scale_exp}, {f.name}", ""],
                 ["nonzero gradients below the normal floor", fmt_share(total)],
                 ["tensors with an overflowing entry", f"{sum(ovf)} of {len(ts)}"]]
-        r = self.scale_range.get(f.name) if f.name in self.scale_range else _scale_range(ts, f,
-                                                                                          self.tail)
+        r = self.scale_range.get(f.name) if f.name in self.scale_range else _scale_range(
+            ts, f, self.tail, self._of("activation"))
         rows.append([f"scales that work (tail {self.tail:g})",
                      "none" if r is None else f"2^{r[0]} .. 2^{r[1]}"])
         fig = Figure(figsize=(7, 3.2))
@@ -286,10 +289,12 @@ class GradientReport(Report):
         return Table(["", ""], rows), fig
 
 
-def _scale_range(ts: Sequence[TensorGradients], fmt: FloatFormat, tail: float):
-    """(k_lo, k_hi): 2^k_lo the least scale leaving <= tail of nonzero |g| below the normal floor,
-    2^k_hi the largest with max|g| 2^k below the overflow threshold; None when k_lo > k_hi."""
-    mx = max((t.max_abs for t in ts), default=0.0)
+def _scale_range(ts: Sequence[TensorGradients], fmt: FloatFormat, tail: float,
+                 others: Sequence[TensorGradients] = ()):
+    """(k_lo, k_hi): 2^k_lo the least scale leaving <= tail of the nonzero |g| of ts below the
+    normal floor, 2^k_hi the largest with max|g| 2^k below the overflow threshold, the maximum
+    taken over ts and others (activation gradients); None when k_lo > k_hi."""
+    mx = max((t.max_abs for t in (*ts, *others)), default=0.0)
     hist = sum((t.exponents for t in ts), np.zeros(_EXP_BINS, dtype=np.int64))
     nz = int(hist.sum())
     if nz == 0 or not math.isfinite(mx):
@@ -316,9 +321,11 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
 
     loss_fn(output) returns a scalar; batch is a tensor or a tuple of model inputs. scale: a
     power-of-two loss scale the shares are counted at. lr: a step size; the report then counts
-    the weights whose bfloat16 copy would not move under w - lr g ("sgd") or w - lr sign(g)
-    ("adam", its first steps). tail: the share of nonzero gradients allowed to stay below the
-    normal floor when the loss-scale range is chosen. The model's own .grad are restored.
+    the weights whose bfloat16 copy would not move under w - lr g ("sgd") or Adam's first
+    step w - lr g / (|g| + 1e-8) ("adam"). tail: the share of nonzero parameter
+    gradients allowed to stay below the normal floor when the loss-scale range is chosen; its
+    top keeps every parameter gradient (and, with activations=True, every leaf module's output
+    gradient) below the overflow threshold. The model's own .grad are restored.
     """
     check_module(model)
     inputs = as_inputs(batch)
@@ -374,6 +381,6 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
         stats.append(_stats(n, "parameter", g, s, fmts, p, lr, optimizer))
         del g
     act_stats.reverse()  # hooks fire from the output back: put them in forward order
-    ranges = {f.name: _scale_range(stats, f, tail) for f in fmts}
+    ranges = {f.name: _scale_range(stats, f, tail, act_stats) for f in fmts}
     return GradientReport(tuple(stats + act_stats), tuple(f.name for f in fmts), s, float(loss.detach()),
                           float(tail), None if lr is None else float(lr), optimizer, ranges)

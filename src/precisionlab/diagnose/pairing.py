@@ -1,0 +1,149 @@
+"""How triage pairs the target's operations with the reference's, and the bounds that pairing
+decides: formats to bound in, leaves, calls that compute the same expression, choices (masks,
+indices) computed from float values."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import intervals as iv
+from . import _bounds as bd
+
+_IGNORED = (torch.dtype, torch.device, torch.layout, torch.memory_format)
+_RANK = {"float64": 3, "float32": 2, "bfloat16": 1, "float16": 1}
+
+
+def _coarser(a: str, b: str) -> list:
+    """The formats to bound an operation in so that both programs' results are covered: the
+    coarser alone when one format's values contain the other's (every rule widens and rounds
+    outward, so its bound in the coarser format contains its bound in the finer), else both."""
+    if _RANK[a] == _RANK[b]:
+        return [a, b]
+    return [a if _RANK[a] < _RANK[b] else b]
+
+
+def _coarsest(fmts: set) -> list:
+    """The coarsest formats of a set (both float16 and bfloat16 when both are there)."""
+    low = min(_RANK[f] for f in fmts)
+    return sorted(f for f in fmts if _RANK[f] == low)
+
+
+def _join(a: iv.Interval, b: iv.Interval) -> iv.Interval:
+    return bd._mk(np.minimum(a.lo, b.lo), np.maximum(a.hi, b.hi))
+
+
+def _leaf_wide(t: torch.Tensor, ref_fmts: set) -> iv.Interval:
+    """A target leaf (weight, input, constant) with no paired reference leaf: the reals that round
+    to it, and, where the reference holds coarser copies (a float32 target beside a bfloat16
+    reference), the reals within an ulp of its rounding into each such format."""
+    box = bd.leaf(t)
+    if not t.is_floating_point():
+        return box
+    own = bd.fmt_of(t.dtype)
+    for f in ref_fmts:
+        if f != own and _RANK[f] <= _RANK[own] and f != "float64":
+            c = bd._round_into(box, f)
+            c = bd._widen_rel(c, 1.0, f)  # double rounding through a third format
+            box = _join(box, c)
+    return box
+
+
+def _literal(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"its {str(x.dtype).removeprefix('torch.')} tensor of shape {tuple(x.shape)}"
+    r = repr(x)
+    return r if len(r) <= 24 else r[:21] + "..."
+
+
+def _items(obj, out: list) -> list:
+    """The arguments flattened: tensors and values, with list/dict structure markers."""
+    if isinstance(obj, (list, tuple)):
+        out.append(("seq", len(obj)))
+        for o in obj:
+            _items(o, out)
+    elif isinstance(obj, dict):
+        for k in sorted(obj):
+            out.append(("kw", k))
+            _items(obj[k], out)
+    else:
+        out.append(obj)
+    return out
+
+
+def _leaves_agree(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Two leaf tensors hold the same values up to one rounding into the coarser format."""
+    if x is y:
+        return True
+    if x.shape != y.shape:
+        return False
+    fx, fy = bd.fmt_of(x.dtype), bd.fmt_of(y.dtype)
+    c = fx if _RANK[fx] <= _RANK[fy] else fy
+    dt = x.dtype if c == fx else y.dtype
+    if _RANK[fx] == _RANK[fy] and fx != fy:
+        return False
+    a, b = x.detach().to(dt).cpu(), y.detach().to(dt).cpu()
+    return bool(torch.equal(a, b) or (torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+                and torch.equal(a.isnan(), b.isnan())))
+
+
+def _same_call(rec, p, corr: dict):
+    """(same, why, leaf pairs): whether the target's call rec computes the expression of the
+    reference's call p; why names the first differing argument when the float inputs agree."""
+    a = _items(list(rec.args), []) + _items(dict(rec.kwargs), [])
+    b = _items(list(p.args), []) + _items(dict(p.kwargs), [])
+    if len(a) != len(b):
+        return False, "", {}
+    pairs, why = {}, ""
+    for x, y in zip(a, b, strict=True):
+        tx, ty = isinstance(x, torch.Tensor), isinstance(y, torch.Tensor)
+        if tx != ty:
+            return False, "", {}
+        if tx:
+            if x.shape != y.shape or x.is_floating_point() != y.is_floating_point():
+                return False, "", {}
+            if x.is_floating_point():
+                sx, sy = rec.src.get(id(x)), p.src.get(id(y))
+                if sx is None and sy is None:
+                    if not _leaves_agree(x, y):
+                        why = why or f"{_literal(x)} differs"
+                        continue
+                    pairs[(rec.index, id(x))] = y
+                elif sx is None or sy is None or corr.get(sx) != sy:
+                    return False, "", {}
+            elif x.dtype != y.dtype or not torch.equal(x.cpu(), y.cpu()):
+                why = why or f"its {str(x.dtype).removeprefix('torch.')} argument of shape {tuple(x.shape)} differs"
+        elif isinstance(x, _IGNORED) and isinstance(y, _IGNORED):
+            continue
+        else:
+            try:
+                same = (type(x) is type(y) and bool(x == y)) or (
+                    isinstance(x, (int, float)) and isinstance(y, (int, float)) and x == y)
+            except Exception:  # objects without a plain ==
+                same = x is y
+            if not same:
+                why = why or f"{_literal(x)} vs {_literal(y)}"
+    return (not why), why, (pairs if not why else {})
+
+
+def _unknown_choice(rec, get, fmt: str) -> list:
+    """Bounds of an operation whose mask or indices come from float values (x > 0, argmax):
+    the reference may choose differently. where / masked_fill: either branch; others: unknown."""
+    outs = list(rec.outs)
+    name = rec.name
+    if name == "where" and len(rec.args) >= 3 and not rec.args[0].is_floating_point():
+        x, y = rec.args[1], rec.args[2]
+    elif name in ("masked_fill", "masked_fill_"):
+        x, y = rec.args[0], bd._arg(rec.args, rec.kwargs, 2, "value")
+    elif name == "embedding":  # any row of the table
+        w = get(bd._arg(rec.args, rec.kwargs, 1, "weight"))
+        shape = tuple(outs[0].shape)
+        return [bd._mk(np.broadcast_to(w.lo.min(0), shape), np.broadcast_to(w.hi.max(0), shape))]
+    else:
+        return [bd._mk(np.full(o.shape, -np.inf), np.full(o.shape, np.inf)) for o in outs]
+    A = get(x) if isinstance(x, torch.Tensor) else bd._scalar(x, fmt)
+    B = get(y) if isinstance(y, torch.Tensor) else bd._scalar(y, fmt)
+    shape = tuple(outs[0].shape)
+    lo = np.broadcast_to(np.minimum(np.broadcast_to(A.lo, shape), np.broadcast_to(B.lo, shape)), shape)
+    hi = np.broadcast_to(np.maximum(np.broadcast_to(A.hi, shape), np.broadcast_to(B.hi, shape)), shape)
+    return [bd._round_into(bd._mk(lo, hi), fmt)]

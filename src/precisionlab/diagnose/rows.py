@@ -1,0 +1,332 @@
+"""Interval rules for the row-wise operations triage bounds: softmax and log-softmax, layer and
+RMS norm, sums and means, cross entropy and scaled dot-product attention (kernel model: `rules`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .. import intervals as iv
+from ..formats import get_format
+from ._bounds import (
+    _REL,
+    _TINY,
+    UnsupportedOperation,
+    _arg,
+    _dn,
+    _finish,
+    _gamma,
+    _internal,
+    _is_t,
+    _mk,
+    _mm,
+    _mul_iv,
+    _nan_where,
+    _reduced,
+    _round_into,
+    _square,
+    _u_out,
+    _up,
+    _whole,
+    _widen_abs,
+)
+
+# --------------------------------------------------------------------------- softmax family
+
+
+def _lse_parts(x: iv.Interval):
+    """Per row (last axis) of the box: S_hi = sum e^(hi - c) and S_lo = sum e^(lo - c), c = max hi."""
+    c = np.max(x.hi, axis=-1, keepdims=True)
+    c = np.where(np.isfinite(c), c, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e_hi = np.exp(x.hi - c) * (1 + _REL) + _TINY
+        e_lo = np.maximum(np.exp(x.lo - c) * (1 - _REL) - _TINY, 0.0)
+    n = x.shape[-1]
+    g = _gamma(n + 2, 2.0**-53)
+    s_hi = np.sum(e_hi, axis=-1, keepdims=True) * (1 + g)
+    s_lo = np.sum(e_lo, axis=-1, keepdims=True) * (1 - g)
+    return c, e_lo, e_hi, s_lo, s_hi
+
+
+def _softmax_exact(x: iv.Interval) -> iv.Interval:
+    """s_i in [e^lo_i / (e^lo_i + sum_(j!=i) e^hi_j), e^hi_i / (e^hi_i + sum_(j!=i) e^lo_j)]."""
+    _, e_lo, e_hi, s_lo, s_hi = _lse_parts(x)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        other_hi = np.maximum(s_hi - e_lo, 0.0) * (1 + 2.0**-50) + _TINY  # >= sum_(j != i) e^hi_j
+        other_lo = np.maximum(s_lo - e_hi, 0.0) * (1 - 2.0**-50)
+        lo = e_lo / (e_lo + other_hi) * (1 - 2.0**-50)
+        hi = e_hi / (e_hi + other_lo) * (1 + 2.0**-50)
+    lo = np.where(np.isnan(lo), 0.0, lo)
+    hi = np.where(np.isnan(hi), 1.0, hi)
+    return _mk(np.clip(lo, 0, 1), np.clip(hi, 0, 1))
+
+
+def _log_softmax_exact(x: iv.Interval) -> iv.Interval:
+    """log s_i in [lo_i - c - log S_hi', hi_i - c - log S_lo'] over the box."""
+    c, e_lo, e_hi, s_lo, s_hi = _lse_parts(x)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        other_hi = np.maximum(s_hi - e_lo, 0.0) * (1 + 2.0**-50) + _TINY
+        other_lo = np.maximum(s_lo - e_hi, 0.0) * (1 - 2.0**-50)
+        lo = (x.lo - c) - np.log(e_lo + other_hi)
+        hi = (x.hi - c) - np.log(np.maximum(e_hi + other_lo, _TINY))
+        lo = _dn(lo - np.abs(lo) * _REL - 2.0**-60)
+        hi = np.minimum(_up(hi + np.abs(hi) * _REL + 2.0**-60), 0.0)
+    return _mk(np.where(np.isnan(lo), -np.inf, lo), np.where(np.isnan(hi), 0.0, hi))
+
+
+def _moved(x: iv.Interval, dim: int, fn) -> iv.Interval:
+    lo, hi = np.moveaxis(x.lo, dim, -1), np.moveaxis(x.hi, dim, -1)
+    y = fn(_mk(lo, hi))
+    return _mk(np.moveaxis(y.lo, -1, dim), np.moveaxis(y.hi, -1, dim))
+
+
+def _row_nan(z: iv.Interval) -> np.ndarray:
+    """Rows (last axis) whose softmax may be NaN: an entry without information or every entry
+    -inf (torch returns NaN for a fully masked row)."""
+    return (_whole(z).any(-1, keepdims=True)
+            | (z.hi == -np.inf).all(-1, keepdims=True))
+
+
+def _softmax_rule(x, dim, fmt, log=False):
+    """Softmax / log-softmax along dim. Kernel model: float32 (float64) internally, n + 4 ulps;
+    a float16/bfloat16 result may also keep intermediates in its format: for softmax the
+    exponentials and the reciprocal of the sum (2 more ulps); for log-softmax x - max, the sum,
+    its log and the final difference (torch's CPU kernel keeps max and log-sum in the dtype),
+    2 u (|x - max| + |y| + 1) more, u the format's unit roundoff."""
+    n = x.shape[dim] if x.ndim else 1
+    if log:
+        def fn(z):
+            y = _log_softmax_exact(z)
+            u = get_format(_internal(fmt)).unit_roundoff
+            gap = np.max(z.hi, -1, keepdims=True) - z.lo  # >= max - x over the box
+            with np.errstate(invalid="ignore", over="ignore"):
+                mag = gap + np.maximum(np.abs(y.lo), np.abs(y.hi)) + 1.0
+                r = ((n + 4) * u + 2 * _u_out(fmt)) * mag
+            r = np.where(z.hi == -np.inf, 0.0, r)  # an entry that is -inf stays -inf
+            r = np.where(np.isnan(r), np.inf, r)
+            return _nan_where(_widen_abs(y, r), _row_nan(z))
+        y = _moved(x, dim, fn)
+        return _round_into(_round_into(y, _internal(fmt)), fmt)
+
+    def fn(z):
+        # x - max rounded in the internal format: e^x off by u |x - max| relative, i.e. the
+        # softmax of an input moved by that much
+        u = get_format(_internal(fmt)).unit_roundoff
+        with np.errstate(invalid="ignore", over="ignore"):
+            r = 2 * u * (np.max(z.hi, -1, keepdims=True) - z.lo)
+        r = np.where(z.hi == -np.inf, 0.0, np.where(np.isnan(r), np.inf, r))
+        return _nan_where(_softmax_exact(_widen_abs(z, r)), _row_nan(z))
+    y = _moved(x, dim, fn)
+    nan = _whole(y)
+    y = _finish(y, fmt, n + 4, extra=2.0)
+    return _nan_where(_mk(np.maximum(y.lo, 0.0), np.minimum(y.hi, 1.0)), nan)
+
+
+# --------------------------------------------------------------------------- normalisation
+
+
+def _norm_rule(x: iv.Interval, nshape, w, b, eps, fmt: str, rms: bool = False):
+    """Layer / RMS norm over the trailing nshape axes; eps a number or an interval (lo, hi).
+    Kernel model: moments in float32 (any order), the absolute error below; a float16/bfloat16
+    result may keep x-hat, x-hat w and the sum with b in its format (2 u of each more)."""
+    eps_lo, eps_hi = (eps, eps) if np.isscalar(eps) else eps
+    k = len(nshape)
+    lead = x.shape[: x.ndim - k]
+    n = int(np.prod(nshape)) if k else 1
+    lo, hi = x.lo.reshape(*lead, n), x.hi.reshape(*lead, n)
+    g = _gamma(n + 4, 2.0**-53)
+    if rms:
+        d = _mk(lo, hi)
+    else:
+        m_lo = np.sum(lo, -1, keepdims=True) / n
+        m_hi = np.sum(hi, -1, keepdims=True) / n
+        sl = np.sum(np.abs(lo), -1, keepdims=True) / n + np.sum(np.abs(hi), -1, keepdims=True) / n
+        m_lo, m_hi = _dn(m_lo - g * sl), _up(m_hi + g * sl)
+        d = _mk(_dn(lo - m_hi), _up(hi - m_lo))
+    sq = _square(d)
+    v_lo = _dn(np.sum(sq.lo, -1, keepdims=True) / n * (1 - g))
+    v_hi = _up(np.sum(sq.hi, -1, keepdims=True) / n * (1 + g))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r_hi = _up(1.0 / np.sqrt(_dn(np.maximum(v_lo, 0.0) + eps_lo)) * (1 + g))
+        r_lo = _dn(1.0 / np.sqrt(_up(v_hi + eps_hi)) * (1 - g))
+    r_lo = np.where(np.isnan(r_lo), 0.0, r_lo)
+    y = _mul_iv(d, _mk(r_lo, r_hi))
+    xmax = np.max(np.maximum(np.abs(lo), np.abs(hi)), -1, keepdims=True)
+    xhat = np.maximum(np.abs(y.lo), np.abs(y.hi))  # |x-hat| before the affine part
+    wabs = 1.0
+    if w is not None:
+        wi = _mk(w.lo.reshape(n), w.hi.reshape(n))
+        y = _mul_iv(y, wi)
+        wabs = np.maximum(np.abs(wi.lo), np.abs(wi.hi))
+    babs = 0.0
+    if b is not None:
+        bi = _mk(b.lo.reshape(n), b.hi.reshape(n))
+        y = _mk(_dn(y.lo + bi.lo), _up(y.hi + bi.hi))
+        babs = np.maximum(np.abs(bi.lo), np.abs(bi.hi))
+    u = get_format(_internal(fmt)).unit_roundoff
+    yabs = np.maximum(np.abs(y.lo), np.abs(y.hi))
+    uf = _u_out(fmt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = u * ((2 * n + 16) * xmax * r_hi * wabs + 4 * yabs + 2 * babs)
+        r = r + 2 * uf * (2 * xhat * wabs + babs + yabs)
+    y = _widen_abs(y, np.where(np.isnan(r), np.inf, r))
+    y = _round_into(_round_into(y, _internal(fmt)), fmt)
+    big = 4 * n * xmax**2 >= get_format(_internal(fmt)).max_finite  # squares may overflow
+    nan = (_whole(_mk(lo, hi)) | np.isinf(lo) | np.isinf(hi)).any(-1, keepdims=True) | big
+    y = _nan_where(y, nan)  # an infinite or unknown entry makes the row NaN
+    return _mk(y.lo.reshape(x.shape), y.hi.reshape(x.shape))
+
+
+def _sum_rule(x: iv.Interval, dim, keepdim: bool, fmt: str, mean: bool):
+    axes = tuple(range(x.ndim)) if dim is None else ((dim,) if isinstance(dim, int) else tuple(dim))
+    axes = tuple(a % max(x.ndim, 1) for a in axes)
+    n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
+    u = get_format(_internal(fmt)).unit_roundoff
+    g = _gamma(n, u) + _gamma(n + 2, 2.0**-53)
+    with np.errstate(invalid="ignore", over="ignore"):
+        slo = np.sum(x.lo, axis=axes, keepdims=keepdim)
+        shi = np.sum(x.hi, axis=axes, keepdims=keepdim)
+        sa = np.sum(np.maximum(np.abs(x.lo), np.abs(x.hi)), axis=axes, keepdims=keepdim)
+        lo, hi = _dn(slo - g * sa), _up(shi + g * sa)
+        if mean:
+            lo, hi = _dn(lo / n), _up(hi / n)
+        # a partial sum may overflow the accumulator (inf, or NaN from inf - inf)
+        over = sa * (1 + g) >= get_format(_internal(fmt)).max_finite
+    return _nan_where(_finish(_mk(lo, hi), fmt, 0.5 if mean else 0), over)
+
+
+def _r_softmax(log):
+    def rule(rec, get, fmt):
+        dim = _arg(rec.args, rec.kwargs, 1, "dim")
+        if dim is None:
+            raise UnsupportedOperation("triage needs softmax's dim given explicitly")
+        return [_softmax_rule(get(rec.args[0]), dim, fmt, log)]
+    return rule
+
+
+def _r_layer_norm(rec, get, fmt):
+    x = get(rec.args[0])
+    nshape = tuple(_arg(rec.args, rec.kwargs, 1, "normalized_shape"))
+    w, b = _arg(rec.args, rec.kwargs, 2, "weight"), _arg(rec.args, rec.kwargs, 3, "bias")
+    eps = float(_arg(rec.args, rec.kwargs, 4, "eps", 1e-5))
+    return [_norm_rule(x, nshape, get(w) if _is_t(w) else None, get(b) if _is_t(b) else None,
+                       eps, fmt)]
+
+
+def _r_rms_norm(rec, get, fmt):
+    x = get(rec.args[0])
+    nshape = tuple(_arg(rec.args, rec.kwargs, 1, "normalized_shape"))
+    w = _arg(rec.args, rec.kwargs, 2, "weight")
+    eps = _arg(rec.args, rec.kwargs, 3, "eps")
+    if eps is None:  # torch's default is finfo(t).eps of the type it computes in: float32 for
+        # float16/bfloat16/float32 inputs, float64 for float64; either program may be either
+        eps = (torch.finfo(torch.float64).eps, torch.finfo(torch.float32).eps)
+    else:
+        eps = float(eps)
+    return [_norm_rule(x, nshape, get(w) if _is_t(w) else None, None, eps, fmt, rms=True)]
+
+
+def _r_sum(mean):
+    def rule(rec, get, fmt):
+        dim = _arg(rec.args, rec.kwargs, 1, "dim")
+        keep = bool(_arg(rec.args, rec.kwargs, 2, "keepdim", False))
+        return [_sum_rule(get(rec.args[0]), dim, keep, fmt, mean)]
+    return rule
+
+
+def _r_cross_entropy(rec, get, fmt):
+    logits, target = get(rec.args[0]), rec.args[1]
+    if _arg(rec.args, rec.kwargs, 2, "weight") is not None or \
+            float(rec.kwargs.get("label_smoothing", 0.0)) != 0.0:
+        raise UnsupportedOperation("triage bounds cross_entropy without weight= and "
+                                   "label_smoothing=")
+    if target.is_floating_point():
+        raise UnsupportedOperation("triage bounds cross_entropy with class-index targets only")
+    ignore = rec.kwargs.get("ignore_index", -100)
+    reduction = rec.kwargs.get("reduction", "mean")
+    if rec.kwargs.get("size_average") is not None or rec.kwargs.get("reduce") is not None:
+        raise UnsupportedOperation("triage bounds cross_entropy with reduction=; got the "
+                                   "deprecated size_average=/reduce=")
+    if reduction not in ("mean", "sum", "none"):
+        raise UnsupportedOperation(f"cross_entropy reduction must be 'mean', 'sum' or 'none'; "
+                                   f"got {reduction!r}")
+    lab = target.detach().cpu().numpy().astype(np.int64)
+    if logits.ndim > 2:  # (N, C, d1, ...) -> (N, d1, ..., C)
+        logits = _mk(np.moveaxis(logits.lo, 1, -1), np.moveaxis(logits.hi, 1, -1))
+    keep = lab != ignore
+    safe = np.where(keep, lab, 0)
+    ls = _softmax_rule(logits, -1, "float64", log=True)
+    inner = _internal(fmt)
+    n = logits.shape[-1]
+    u = get_format(inner).unit_roundoff
+    lo = -np.take_along_axis(ls.hi, safe[..., None], -1)[..., 0]
+    hi = -np.take_along_axis(ls.lo, safe[..., None], -1)[..., 0]
+    zmax = np.max(np.maximum(np.abs(logits.lo), np.abs(logits.hi)), -1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = (n + 4) * u * (zmax + np.abs(hi) + 1.0) + 2 * _u_out(fmt) * (2 * zmax + np.abs(hi) + 1)
+    r = np.where(np.isnan(r), np.inf, r)
+    per = _widen_abs(_mk(np.where(keep, lo, 0.0), np.where(keep, hi, 0.0)), np.where(keep, r, 0))
+    # the computed loss is >= 0: log of a computed sum >= 1 (the row maximum's term is exactly 1)
+    nan = _whole(per)
+    per = _nan_where(_mk(np.maximum(per.lo, 0.0), np.maximum(per.hi, 0.0)), nan)
+    per = _round_into(_round_into(per, inner), fmt)
+    if reduction == "none":
+        return [per]
+    m = int(keep.sum())
+    if m == 0:  # 0 / 0
+        return [_mk(-np.inf, np.inf)]
+    if not _reduced(fmt):  # float32 (float64) accumulation in any order
+        total = _sum_rule(per, None, False, inner, mean=False)
+        if reduction == "sum":
+            return [_round_into(total, fmt)]
+        return [_finish(_mk(_dn(total.lo / m), _up(total.hi / m)), fmt, 0.5)]
+    # float16/bfloat16: torch's CPU nll_loss keeps its partial sums (of losses and of weights)
+    # in the dtype; in any order, m nonnegative terms stay within (1 +- u)^(m - 1) of the sum
+    uf = _u_out(fmt)
+    grow = math.exp((m - 1) * uf) * (1 + 2.0**-40)
+    shrink = math.exp(-(m - 1) * uf / (1 - uf)) * (1 - 2.0**-40)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s_lo = _dn(np.sum(per.lo) * (1 - _gamma(m + 2, 2.0**-53)) * shrink)
+        s_hi = _up(np.sum(per.hi) * (1 + _gamma(m + 2, 2.0**-53)) * grow)
+    over = s_hi >= get_format(fmt).max_finite
+    total = _round_into(_mk(s_lo, np.inf if over else s_hi), fmt)
+    if reduction == "sum":
+        return [_nan_where(total, nan.any())]
+    exact_w = m <= 2.0 ** (get_format(fmt).mantissa_bits + 1)
+    w_lo, w_hi = (m, m) if exact_w else (m * shrink, m * grow)
+    y = _mk(_dn(total.lo / w_hi), np.inf if over else _up(total.hi / w_lo))
+    return [_nan_where(_finish(y, fmt, 0.5), nan.any())]
+
+
+def _r_sdpa(rec, get, fmt):
+    q, k, v = (get(rec.args[i]) for i in range(3))
+    mask = _arg(rec.args, rec.kwargs, 3, "attn_mask")
+    if float(_arg(rec.args, rec.kwargs, 4, "dropout_p", 0.0)) > 0:
+        raise UnsupportedOperation("triage cannot bound attention dropout (dropout_p > 0)")
+    causal = bool(_arg(rec.args, rec.kwargs, 5, "is_causal", False))
+    scale = _arg(rec.args, rec.kwargs, 6, "scale")
+    if rec.kwargs.get("enable_gqa", False):
+        raise UnsupportedOperation("triage does not bound scaled_dot_product_attention with "
+                                   "enable_gqa=True")
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    # a fused kernel may keep scores and probabilities in float32 or round them to the dtype:
+    # rounding outward into the dtype covers both.
+    s = _mm(q, _mk(np.swapaxes(k.lo, -1, -2), np.swapaxes(k.hi, -1, -2)), None, fmt)
+    sc = _mk(float(scale * (1 - 2.0**-52)), float(scale * (1 + 2.0**-52)))
+    s = _finish(_mul_iv(s, sc), fmt, 1.0)
+    L, S = s.shape[-2], s.shape[-1]
+    if causal:
+        keep = np.tril(np.ones((L, S), dtype=bool))
+        s = _mk(np.where(keep, s.lo, -np.inf), np.where(keep, s.hi, -np.inf))
+    if _is_t(mask):
+        if mask.dtype == torch.bool:
+            mk = mask.detach().cpu().numpy()
+            s = _mk(np.where(mk, s.lo, -np.inf), np.where(mk, s.hi, -np.inf))
+        else:
+            m = get(mask)
+            s = _finish(_mk(_dn(s.lo + m.lo), _up(s.hi + m.hi)), fmt, 0.5)
+    p = _softmax_rule(s, -1, fmt)
+    return [_mm(p, v, None, fmt)]

@@ -24,6 +24,12 @@ the exact result (math.fsum, or mpmath at 200 bits for softmax):
 
 Every bound is checked to contain the exact result and every observed execution; a line
 says so at the end.
+
+A second table shows what the bounds say where values leave the format (issue #16): a running
+sum past float16's largest value, a tensor core's float16 output, a float16 split-K partial,
+softmax and cross entropy across a 1000-wide logit gap and a BERT mask, and an infinite
+input. For each: the executed value, the exact value (fractions or mpmath), the bound and its
+may-be-NaN flag, and whether both values lie inside.
 """
 
 from __future__ import annotations
@@ -156,6 +162,52 @@ def measure(kind: str, data, kernel: iv.Kernel, args) -> tuple[str, bool]:
     return row, sound
 
 
+def nonfinite_table() -> bool:
+    """Bounds where values overflow, logits spread past exp's range, or inputs are infinite."""
+    from fractions import Fraction
+
+    mpmath.mp.prec = 200
+    seq16, pair16 = iv.Kernel("sequential", acc="float16"), iv.Kernel("pairwise", acc="float16")
+    near = np.array([[60256.0, 60256.0, -60256.0, -60256.0]])
+    a, b = np.full((1, 4), 200.0), np.full((4, 1), 200.0)
+    gap = np.array([[0.0, 0.0, -1000.0]])
+    bert = np.array([[1.5, -0.5, 2.0, 1.0 - 1e4]])
+    rows = [
+        ("fp16 sequential sum past 65504", lambda p: iv.sum_(p(near), seq16), 0.0),
+        ("fp16 pairwise sum past 65504", lambda p: iv.sum_(p(near), pair16), 0.0),
+        ("V100 tensor core, fp16 output", lambda p: iv.matmul(p(a), b, iv.Kernel(
+            "tensor_core", inputs="float16", model="V100", out="float16")), 160000.0),
+        ("split-K, float16 partials", lambda p: iv.matmul(p(a), b, iv.Kernel(
+            "split_k", acc="float32", partial="float16", splits=2)), 160000.0),
+        ("softmax fp32 [0, 0, -1000], entry 2", lambda p: iv.softmax(p(gap), "float32")[:, 2],
+         mpmath.exp(-1000) / (2 + mpmath.exp(-1000))),
+        ("softmax fp32, BERT -1e4 mask, entry 3", lambda p: iv.softmax(p(bert), "float32")[:, 3],
+         mpmath.exp(1.0 - 1e4) / sum(mpmath.exp(v) for v in (1.5, -0.5, 2.0, 1.0 - 1e4))),
+        ("cross entropy fp32 [0, 1000], label 0", lambda p: iv.cross_entropy(
+            p(np.array([[0.0, 1000.0]])), np.array([0]), "float32"), 1000 + mpmath.log1p(mpmath.exp(-1000))),
+        ("fp32 sum of [inf, 1, 2]", lambda p: iv.sum_(p(np.array([[np.inf, 1.0, 2.0]])), iv.Kernel()),
+         math.inf),
+    ]
+    head = f"{'case':<40} {'executed':>10} {'exact':>10} {'bound lo':>10} {'bound hi':>10} {'NaN?':>5} {'holds':>6}"
+    print(head)
+    print("-" * len(head))
+    ok = True
+    for name, fn, exact in rows:
+        run = float(np.ravel(fn(lambda v: v))[0])
+        bnd = fn(iv.point)
+        lo, hi, nan = float(np.ravel(bnd.lo)[0]), float(np.ravel(bnd.hi)[0]), bool(np.ravel(bnd.nan)[0])
+        inside_run = bool(np.ravel(bnd.contains(run))[0])
+        if isinstance(exact, float) and math.isinf(exact):
+            inside_exact = lo <= exact <= hi
+        else:
+            e = mpmath.mpf(exact) if not isinstance(exact, Fraction) else mpmath.mpf(exact.numerator) / exact.denominator
+            inside_exact = (lo == -math.inf or mpmath.mpf(lo) <= e) and (hi == math.inf or e <= mpmath.mpf(hi))
+        ok &= inside_run and inside_exact
+        print(f"{name:<40} {run:>10.4g} {float(exact):>10.4g} {lo:>10.4g} {hi:>10.4g} "
+              f"{'yes' if nan else 'no':>5} {'yes' if inside_run and inside_exact else 'NO':>6}")
+    return ok
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=100, help="executions per kernel")
@@ -172,6 +224,9 @@ def main() -> None:
         all_sound &= sound
         print(f"{name:<40} {row}" + ("" if sound else "   UNSOUND"))
     print("\nevery bound contains the exact result and every observed execution:", all_sound)
+    print()
+    print("where values leave the format: executed and exact values against the bounds")
+    print("every bound holds both:", nonfinite_table())
 
 
 if __name__ == "__main__":

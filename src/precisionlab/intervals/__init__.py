@@ -1,0 +1,154 @@
+"""Interval bounds that tell round-off from a bug when two implementations disagree.
+
+When a kernel's output fails `allclose` against a reference, the question is whether the
+difference is round-off the kernel is allowed to make (Type-I) or a bug (Type-II). This package
+answers it the way Zhan et al. (RENDER) do, and tightens their bounds where the kernel's
+structure is known:
+
+* `Interval` (`interval`): lower and upper float64 bounds per element and a may-be-NaN flag.
+  Every bound is rounded *outward* (one ulp of float64 after each round-to-nearest step, or
+  directed rounding into a format with `precisionlab.rounding.round_to`), so a bound is
+  rigorous, not merely close.
+* Per-operation rules (`ops`, `softmax`) that take arrays *or* intervals: on arrays they execute
+  the operation (the simulated kernel), on intervals they bound every result it could give.
+  Correctly rounded operations (+, -, *, /, sqrt, casts to a narrower format) round the exact
+  interval outward into the format; operations with an error budget of more than half an ulp
+  (fast division 2 ulps, exp 1 ulp, softmax 1 ulp, ...) widen it by that many ulps first.
+  reshape, transpose and gathers are exact; relu and max are monotone. softmax, log_softmax
+  and cross_entropy subtract the row's maximum, as attention kernels do, and are bounded for
+  any finite logits and for -inf masks.
+* `Kernel` (`kernels`): how a sum or a matmul is executed, in the GPU simulator's own terms
+  (order, block, splits, threads, accumulator format per stage, operand format, tensor-core
+  model); every field is honoured or rejected by name. `sum_` and `matmul` (`bounds`) run it
+  with `precisionlab.gpu` and bound it two ways:
+
+  - ``rule="oblivious"`` - the order-oblivious rule: every summand passes through n - 1
+    accumulations, |error| <= ((1 + u)^(n-1) - 1) sum |x_i| (about (n - 1) u sum |x_i|),
+    whatever the order; this is RENDER's rule, here rounded outward;
+  - ``rule="structure"`` - the structure-aware rule: each summand's factor uses the number of
+    roundings on *its* path through the kernel's summation tree (within its tile, its
+    partial's rounding, the adds that combine the tiles), stage by stage, so a blocked sum
+    costs about (block + n / block) u instead of n u.
+
+  Both rules bound every partial sum a stage forms, so overflow anywhere inside a kernel (a
+  running sum, a partial or combine format, an accumulator narrower than the output, a
+  tensor core's float16 output) shows in the result's bound.
+* `Layer`, `propagate`, `classify` (`verdicts`): a program is a list of layers; each layer is
+  bounded starting from the union (hull) of the target's and the reference's previous
+  outputs, from a chosen start layer to a chosen end layer; the verdict is Type-II when some
+  layer's reference output cannot be explained by the target's round-off.
+* `high_precision_verdict`: the baseline that re-executes the target in float64 and asks
+  `allclose` again.
+* `CORPUS` and `build_case` (`corpus`): a labelled set of mismatches (round-off and bugs,
+  kernels and small networks, masked attention among them) built with the simulator, on
+  which the three methods are compared; `dot_by_hand` and `injected_bug` (`demos`) serve the
+  chapter's walk-through and widget.
+
+Non-finite values, one convention for every rule:
+
+* An element of an Interval stands for [lo, hi] U N: [lo, hi] is a closed range of the
+  extended reals (hi = +inf: +inf itself may be the result, and so may every large finite
+  value), N = {NaN} where the flag `nan` is set. The range may be empty (lo = +inf,
+  hi = -inf): then the result can only be NaN.
+* Where the executed result can be +-inf (overflow in any rounding, an infinite input, a
+  masked logit), the bound reaches it; where it can be NaN (inf - inf, 0 * inf, 0 / 0,
+  inf / inf, sqrt of a negative, a softmax row holding +inf or only -inf), the flag says so.
+  Rounding modes that saturate instead of overflowing (toward zero, a tensor core's float32
+  truncation) leave the relative-error model, so such a result is bounded by [-inf, +inf].
+* The exact result (when it exists) lies in [lo, hi], beyond the format's range included.
+* Verdicts compare non-finite outputs by identity: the same infinity in both programs, or NaN
+  in both where the bound allows NaN, is no difference; an infinity or NaN the bound does not
+  allow is outside (Type-II); elements non-finite in one program only are reported in the
+  layer's check (`LayerCheck.nonfinite`), also when the bound explains them.
+"""
+
+from ._outward import (  # noqa: F401 - private helpers the tests check against exact oracles
+    _exp_dn,
+    _exp_up,
+    _growth,
+    _log_dn,
+    _log_up,
+    _sum_dn,
+    _sum_up,
+)
+from .bounds import matmul, sum_
+from .corpus import CORPUS, CaseResult, MismatchCase, build_case, evaluate_case
+from .demos import BUG_KERNELS, BugCheck, DotStep, dot_by_hand, injected_bug
+from .interval import RULES, Interval, concrete, hull, point
+from .kernels import KERNEL_ORDERS, Kernel, leaf_depths, promote
+from .ops import (
+    SOURCE_ULP_TABLE,
+    ULP_BUDGETS,
+    add,
+    amax,
+    cast,
+    div,
+    exp,
+    maximum,
+    mul,
+    relu,
+    sqrt,
+    sub,
+    where,
+)
+from .softmax import cross_entropy, log_softmax, softmax
+from .verdicts import (
+    ASSERT_CLOSE_TOLERANCES,
+    Layer,
+    LayerCheck,
+    Verdict,
+    allclose,
+    classify,
+    high_precision_verdict,
+    propagate,
+    run_layers,
+)
+
+__all__ = [
+    "ASSERT_CLOSE_TOLERANCES",
+    "BUG_KERNELS",
+    "CORPUS",
+    "KERNEL_ORDERS",
+    "RULES",
+    "SOURCE_ULP_TABLE",
+    "ULP_BUDGETS",
+    "BugCheck",
+    "CaseResult",
+    "DotStep",
+    "Interval",
+    "Kernel",
+    "Layer",
+    "LayerCheck",
+    "MismatchCase",
+    "Verdict",
+    "add",
+    "allclose",
+    "amax",
+    "build_case",
+    "cast",
+    "classify",
+    "concrete",
+    "cross_entropy",
+    "div",
+    "dot_by_hand",
+    "evaluate_case",
+    "exp",
+    "high_precision_verdict",
+    "hull",
+    "injected_bug",
+    "leaf_depths",
+    "log_softmax",
+    "matmul",
+    "maximum",
+    "mul",
+    "point",
+    "promote",
+    "propagate",
+    "relu",
+    "run_layers",
+    "softmax",
+    "sqrt",
+    "sub",
+    "sum_",
+    "where",
+]

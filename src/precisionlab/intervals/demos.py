@@ -1,0 +1,119 @@
+"""The chapter's demonstrations: a dot product by hand, and a matmul with a bug of known size."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..checks import check_choice
+from ..formats import get_format
+from ._outward import _f64
+from .bounds import matmul
+from .corpus import _data
+from .interval import Interval, point
+from .kernels import Kernel, _pos, promote
+from .ops import _rn, _round_out, add
+from .verdicts import ASSERT_CLOSE_TOLERANCES, Layer, allclose, run_layers
+
+
+@dataclass(frozen=True)
+class DotStep:
+    """One step of a sequential dot product with naive interval arithmetic in fmt."""
+
+    i: int
+    product: float  # a_i b_i, exact
+    value: float  # the accumulator after this step (round to nearest)
+    lo: float  # naive interval: [RD(lo + p), RU(hi + p)]
+    hi: float
+    exact: float  # the exact partial sum (float64, exact for these sizes)
+
+
+def dot_by_hand(a, b, fmt="float16") -> list[DotStep]:
+    """Sequential a . b in fmt, step by step: the rounded value, naive directed-rounding interval, exact partial sum."""
+    f = get_format(fmt)
+    a, b = _f64(a).ravel(), _f64(b).ravel()
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError(f"a and b must be non-empty vectors of one length; got {a.shape} and {b.shape}")
+    if np.any(_rn(a, f) != a) or np.any(_rn(b, f) != b):
+        raise ValueError(f"a and b must hold {f.name} values; round them first")
+    steps, acc, lo, hi, exact = [], 0.0, 0.0, 0.0, 0.0
+    for i, p in enumerate(a * b):
+        acc = float(_rn(np.array([acc + p]), f)[0])  # acc + p is exact in float64 here
+        lo = float(_round_out(np.array([lo + p]), np.array([lo + p]), f)[0][0])
+        hi = float(_round_out(np.array([hi + p]), np.array([hi + p]), f)[1][0])
+        exact = math.fsum([exact, float(p)])
+        steps.append(DotStep(i, float(p), acc, lo, hi, exact))
+    return steps
+
+
+
+# =========================================================================== an injected bug (the widget's model)
+
+# The kernel each format's matmul runs in injected_bug (and the chapter's widget).
+BUG_KERNELS: dict[str, Kernel] = {
+    "float32": Kernel("blocked", acc="float32", block=32),
+    "tf32": Kernel("blocked", acc="float32", inputs="tf32", input_mode="nearest_away", block=32),
+    "bfloat16": Kernel("blocked", acc="float32", inputs="bfloat16", out="bfloat16", block=32),
+    "float16": Kernel("blocked", acc="float32", inputs="float16", out="float16", block=32),
+}
+
+
+@dataclass(frozen=True)
+class BugCheck:
+    """A matmul kernel with a bug of known size against a float64 reference, and what each method says."""
+
+    k: int
+    fmt: str
+    bug: float  # the injected error, as a fraction of mean |C|
+    kernel: Kernel
+    index: tuple  # the output element the bug shifts
+    target: np.ndarray
+    reference: np.ndarray
+    structure: Interval
+    oblivious: Interval
+    verdicts: dict  # method -> "Type-I" / "Type-II"
+    passes_allclose: bool
+
+    @property
+    def error(self) -> float:
+        """|target - reference| at the bugged element."""
+        return float(abs(self.target[self.index] - self.reference[self.index]))
+
+
+def injected_bug(k: int = 1024, fmt: str = "float32", bug: float = 0.0, m: int = 4, n: int = 4,
+                 seed: int = 0) -> BugCheck:
+    """C = A B by BUG_KERNELS[fmt] plus bug * mean|C| at C[0, 0], against a float64 reference:
+    the interval (target bound vs reference point), the order-oblivious rule, high-precision re-execution."""
+    fmt = check_choice(get_format(fmt).name, "format", tuple(BUG_KERNELS))
+    k = _pos(k, "k")
+    try:
+        bug = float(bug)
+    except (TypeError, ValueError):
+        bug = math.nan
+    if not (math.isfinite(bug) and bug >= 0):
+        raise ValueError(f"bug must be a finite number >= 0 (a fraction of mean |C|); got bug={bug!r}")
+    kernel = BUG_KERNELS[fmt]
+    a = _data((m, k), seed, "float32")
+    b = _data((k, n), seed + 1, "float32")
+    exact = np.array([[math.fsum(a[i] * b[:, j]) for j in range(n)] for i in range(m)])
+    delta = np.zeros((m, n))
+    delta[0, 0] = bug * math.fsum(np.abs(exact).ravel()) / exact.size
+
+    def target(x, kern=kernel, out=kernel.out_format.name):
+        return add(matmul(x, b, kern), delta, out)
+
+    reference = run_layers(Layer("float64", lambda x: matmul(x, b, Kernel("sequential", acc="float64"))), a)[-1]
+    t = _f64(target(a))
+    s = target(point(a, "structure"))
+    o = target(point(a, "oblivious"))
+    rtol, atol = ASSERT_CLOSE_TOLERANCES[fmt]
+    high = target(a, promote(kernel), "float64")
+    verdicts = {
+        "structure": "Type-I" if s.contains(reference).all() else "Type-II",
+        "oblivious": "Type-I" if o.contains(reference).all() else "Type-II",
+        "high_precision": "Type-I" if allclose(high, reference, rtol, atol) else "Type-II",
+    }
+    return BugCheck(k, fmt, bug, kernel, (0, 0), t, reference, s, o, verdicts,
+                    allclose(t, reference, rtol, atol))

@@ -1,0 +1,170 @@
+"""The Interval: elementwise bounds in float64, with infinities and a "may be NaN" flag.
+
+Convention for non-finite values (every rule of this package follows it):
+
+* An element stands for the set [lo, hi] U N of values the operation can give, where [lo, hi]
+  is a closed range of the *extended* reals (lo = -inf means -inf itself is possible, hi = +inf
+  means +inf is) and N = {NaN} where the flag `nan` is set.
+* The range may be empty, encoded as lo = +inf, hi = -inf: the element can only be NaN
+  (sqrt of a negative, inf - inf, a softmax row holding +inf).
+* `contains(y)`: lo <= y <= hi, or y is NaN and `nan` is set. So an executed +inf lies in a
+  bound only where hi = +inf, and an executed NaN only where the bound says it may be NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..checks import check_choice
+from ._outward import _INF, _f64, _up
+
+RULES: tuple[str, ...] = ("structure", "oblivious")
+
+
+class Interval:
+    """Elementwise bounds lo <= x <= hi (extended reals) and a may-be-NaN flag, with the target's executed value and the rule in force."""
+
+    __slots__ = ("hi", "lo", "nan", "rule", "value")
+
+    def __init__(self, lo, hi, value=None, rule: str = "structure", nan=None):
+        lo, hi = np.broadcast_arrays(_f64(lo), _f64(hi))
+        lo, hi = np.array(lo), np.array(hi)
+        flag = np.zeros(lo.shape, dtype=bool) if nan is None else np.broadcast_to(
+            np.asarray(nan, dtype=bool), lo.shape).copy()
+        nlo, nhi = np.isnan(lo), np.isnan(hi)
+        if nlo.any() or nhi.any():
+            both = nlo & nhi  # nothing but NaN: the empty range
+            flag |= nlo | nhi  # one side not known: unbounded on that side, may be NaN
+            lo = np.where(both, _INF, np.where(nlo, -_INF, lo))
+            hi = np.where(both, -_INF, np.where(nhi, _INF, hi))
+        empty = lo > hi
+        if empty.any():
+            bad = empty & ~((lo == _INF) & (hi == -_INF))
+            if np.any(bad):
+                raise ValueError(f"lower bounds must not exceed upper bounds; got lo={lo[bad][:3]}, "
+                                 f"hi={hi[bad][:3]} (an empty range, NaN only, is lo=+inf, hi=-inf)")
+            flag |= empty
+        self.lo = lo
+        self.hi = hi
+        self.nan = flag
+        self.value = None if value is None else np.broadcast_to(_f64(value), self.lo.shape).copy()
+        self.rule = check_choice(rule, "rule", RULES)
+
+    # ------------------------------------------------------------------ shape (exact operations)
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the bounded tensor."""
+        return self.lo.shape
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+        return self.lo.ndim
+
+    def _new(self, lo, hi, value, nan):
+        return Interval(lo, hi, value, self.rule, nan)
+
+    def __getitem__(self, index) -> Interval:
+        """Gather: the same elements' bounds (no rounding)."""
+        v = None if self.value is None else self.value[index]
+        return self._new(self.lo[index], self.hi[index], v, self.nan[index])
+
+    def reshape(self, *shape) -> Interval:
+        """Reshape: bounds move with their elements (no rounding)."""
+        v = None if self.value is None else self.value.reshape(*shape)
+        return self._new(self.lo.reshape(*shape), self.hi.reshape(*shape), v, self.nan.reshape(*shape))
+
+    def transpose(self, *axes) -> Interval:
+        """Transpose: bounds move with their elements (no rounding)."""
+        axes = axes or None
+        v = None if self.value is None else self.value.transpose(axes)
+        return self._new(self.lo.transpose(axes), self.hi.transpose(axes), v, self.nan.transpose(axes))
+
+    @property
+    def T(self) -> Interval:
+        """The transpose of a matrix of bounds."""
+        return self.transpose()
+
+    def with_rule(self, rule: str) -> Interval:
+        """The same bounds, with sums and matmuls downstream bounded by `rule`."""
+        return Interval(self.lo, self.hi, self.value, rule, self.nan)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def empty(self) -> np.ndarray:
+        """Elements that can only be NaN (no real value)."""
+        return self.lo > self.hi
+
+    @property
+    def finite(self) -> np.ndarray:
+        """Elements whose every possible value is finite (no +-inf, no NaN)."""
+        return np.isfinite(self.lo) & np.isfinite(self.hi) & ~self.nan
+
+    @property
+    def width(self) -> np.ndarray:
+        """hi - lo, rounded up (0 for a single infinity and for NaN only)."""
+        with np.errstate(invalid="ignore"):
+            w = _up(self.hi - self.lo)
+        return np.where(np.isnan(w) | self.empty, 0.0, w)
+
+    @property
+    def mid(self) -> np.ndarray:
+        """(lo + hi) / 2 (not rounded outward: for display)."""
+        with np.errstate(invalid="ignore"):
+            return self.lo / 2 + self.hi / 2
+
+    def contains(self, y) -> np.ndarray:
+        """lo <= y <= hi elementwise, or y is NaN where the bound may be NaN."""
+        y = _f64(y)
+        return ((self.lo <= y) & (y <= self.hi)) | (np.isnan(y) & self.nan)
+
+    def __repr__(self) -> str:
+        extra = f", may be NaN at {int(self.nan.sum())}" if self.nan.any() else ""
+        w = float(np.max(self.width)) if self.width.size else 0.0
+        return f"Interval(shape={self.shape}, rule={self.rule!r}, max width={w:.3g}{extra})"
+
+
+def point(x, rule: str = "structure") -> Interval:
+    """[x, x]: the exact input, also the executed value (NaN entries: NaN only)."""
+    x = _f64(x)
+    return Interval(x, x, x, rule)
+
+
+def hull(a, b, value=None, rule: str = "structure") -> Interval:
+    """[min(a, b), max(a, b)] elementwise, NaN where either is NaN: the union of two programs' values; `value` defaults to a."""
+    a, b = _f64(a), _f64(b)
+    nan = np.isnan(a) | np.isnan(b)
+    return Interval(np.fmin(a, b), np.fmax(a, b), a if value is None else value, rule, nan)
+
+
+def concrete(x) -> np.ndarray:
+    """The executed value: x itself for arrays, the target's value carried by an Interval."""
+    if isinstance(x, Interval):
+        if x.value is None:
+            raise ValueError("this Interval carries no executed value; build it with point() or hull()")
+        return x.value
+    return _f64(x)
+
+
+def _parts(x):
+    """(lo, hi, nan, value, rule) of an Interval or of an array (a point)."""
+    if isinstance(x, Interval):
+        return x.lo, x.hi, x.nan, x.value, x.rule
+    p = point(x)
+    return p.lo, p.hi, p.nan, p.value, None
+
+
+def _rule_of(*xs) -> str:
+    rules = {x.rule for x in xs if isinstance(x, Interval)}
+    if len(rules) > 1:
+        raise ValueError(f"operands carry different rules {sorted(rules)}; use Interval.with_rule")
+    return rules.pop()
+
+
+def _any_iv(*xs) -> bool:
+    return any(isinstance(x, Interval) for x in xs)
+
+
+def _value2(op, a, b):
+    va, vb = _parts(a)[3], _parts(b)[3]
+    return None if va is None or vb is None else op(va, vb)

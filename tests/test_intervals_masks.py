@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_intervals import softmax_kernel
 
 from precisionlab import intervals as iv
 from precisionlab.rounding import round_to
@@ -200,14 +201,7 @@ def test_softmax_log_softmax_and_cross_entropy_hold_exact_and_executed(case):
     assert (sm.width[finite] < 2.0 ** -(3 if fmt == "float16" else 6)).all()  # and tight where it can be
 
 
-def softmax_pieces(x, fmt, kernel, rng):
-    """softmax from rounded pieces, as a fused attention kernel does: z = fl(x - max), e = fl(e^z), s, fl(e / s)."""
-    m = iv.amax(x)
-    m = m.reshape(*m.shape, 1) if isinstance(m, iv.Interval) else m[..., None]
-    e = iv.exp(iv.sub(x, m, fmt), fmt)
-    s = iv.sum_(e, kernel, rng)
-    s = s.reshape(*s.shape, 1) if isinstance(s, iv.Interval) else s[..., None]
-    return iv.div(e, s, fmt)
+softmax_pieces = softmax_kernel  # softmax from rounded pieces, as a fused kernel does
 
 
 @sound(40)

@@ -63,7 +63,7 @@ def test_an_unknown_format_names_the_field_the_value_and_the_choices(field):
 @pytest.mark.parametrize("field", ["acc", "out", "inputs", "partial", "combine", "stored_as"])
 def test_formats_without_infinities_are_rejected_at_construction(field):
     order = "split_k" if field in ("partial", "combine") else "sequential"
-    with pytest.raises(ValueError, match=rf"{field} 'float8_e4m3fn'"):
+    with pytest.raises(ValueError, match=rf"unsupported {field} 'float8_e4m3fn'"):
         iv.Kernel(order, **{field: "float8_e4m3fn"})
 
 

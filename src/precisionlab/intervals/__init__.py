@@ -58,8 +58,9 @@ Non-finite values, one convention for every rule:
 * The exact result (when it exists) lies in [lo, hi], beyond the format's range included.
 * Verdicts compare non-finite outputs by identity: the same infinity in both programs, or NaN
   in both where the bound allows NaN, is no difference; an infinity or NaN the bound does not
-  allow is outside (Type-II); elements non-finite in one program only are reported in the
-  layer's check (`LayerCheck.nonfinite`), also when the bound explains them.
+  allow is outside (Type-II; with reference_rule, when the two bounds do not meet); elements
+  non-finite in one program only are reported in the layer's check (`LayerCheck.nonfinite`),
+  also when the bound explains them.
 """
 
 from ._outward import (  # noqa: F401 - private helpers the tests check against exact oracles

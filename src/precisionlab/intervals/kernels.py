@@ -50,7 +50,8 @@ def _format_field(name: str, value) -> str:
     except ValueError:
         fname = None
     if fname not in _STAGE_FORMATS:
-        raise ValueError(f"unknown {name} {value!r} ({desc}); valid choices: {', '.join(_STAGE_FORMATS)}")
+        what = "unknown" if fname is None else "unsupported"
+        raise ValueError(f"{what} {name} {value!r} ({desc}); valid choices: {', '.join(_STAGE_FORMATS)}")
     return fname
 
 
@@ -149,7 +150,7 @@ class Kernel:
                              f"{', '.join(TENSOR_CORE_MODELS)}") from None
         takes = getattr(m, "inputs", ("float16", "bfloat16", "tf32"))
         if self.inputs not in takes:
-            raise ValueError(f"a {m.name} tensor_core kernel needs inputs= one of "
+            raise ValueError(f"the {m.name} tensor_core kernel needs inputs= one of "
                              f"{', '.join(takes)}; got inputs={self.inputs!r}")
         if (self.out or "float32") not in ("float32", "float16") or self.acc != "float32":
             raise ValueError("a tensor_core kernel accumulates in float32 and returns float32 or "

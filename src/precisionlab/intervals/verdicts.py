@@ -4,8 +4,10 @@ Each analysed layer is bounded from the union (hull) of the target's and the ref
 previous outputs; the verdict is Type-II when some layer's reference output cannot be
 explained by the target's round-off. Non-finite outputs are compared by identity: the same
 infinity (or NaN in both) is no difference; a reference value the bound does not allow
-(NaN where the bound cannot be NaN, inf where it cannot reach inf) is outside; and every
-element that is non-finite in only one program is reported with the layer's check.
+(NaN where the bound cannot be NaN, inf where it cannot reach inf) is outside; with
+reference_rule the two bounds must meet instead (their ranges, or NaN allowed by both), so a
+reference's own overflow is not a bug; and every element that is non-finite in only one
+program is reported with the layer's check.
 """
 
 from __future__ import annotations
@@ -185,7 +187,8 @@ def _margins(bound: Interval, ref: np.ndarray, ref_bound: Interval | None) -> np
     """min(r_hi - lo, hi - r_lo): >= 0 iff the reference (or its bound's range) meets the target's bound.
 
     Infinite ends that meet count as touching (margin 0); a NaN reference is inside exactly
-    where the bound may be NaN; an empty range (NaN only) meets no real value.
+    where the bound may be NaN; an empty range (NaN only) meets no real value. With the
+    reference's own bound, two bounds also meet where both may be NaN.
     """
     if ref_bound is None:
         rlo, rhi = ref, ref
@@ -195,7 +198,13 @@ def _margins(bound: Interval, ref: np.ndarray, ref_bound: Interval | None) -> np
         m = np.minimum(rhi - bound.lo, bound.hi - rlo)
     m = np.where(np.isnan(m), 0.0, m)
     m = np.where((rlo > rhi) | bound.empty, -_INF, m)
-    return np.where(np.isnan(ref), np.where(bound.nan, 0.0, -_INF), m)
+    point_nan = np.where(bound.nan, 0.0, -_INF)  # a NaN reference against the target's bound
+    if ref_bound is None:
+        return np.where(np.isnan(ref), point_nan, m)
+    # Two bounds [lo, hi] U N meet where their ranges do or both may be NaN; a NaN reference
+    # its own bound allows (its own overflow, inf - inf) is judged by that overlap.
+    m = np.where(bound.nan & ref_bound.nan, np.maximum(m, 0.0), m)
+    return np.where(np.isnan(ref) & ~ref_bound.nan, point_nan, m)
 
 
 def _check_layer(name, bound: Interval, ref, target, ref_bound: Interval | None, rule) -> LayerCheck:

@@ -7,11 +7,13 @@ arrays are set by hand so that the right answer is known.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 import scipy.stats
+import torch
 
 from precisionlab import rl
 
@@ -92,10 +94,18 @@ def test_every_row_is_judged_and_tallied():
     assert rows["rare"] == ("no entries", "untestable")
 
 
-def test_yes_needs_every_seed():
+def test_yes_needs_every_seed_and_no_needs_every_seed():
     ev = _evidence()
-    ev.mismatched[2].beta_std[:] = 0.01  # one seed far off: direction-free row -> no
+    ev.mismatched[2].beta_std[:] = 0.01  # one seed far off, two reproduce: the seeds disagree
+    assert rl.source_findings(ev)["beta_std"][1] == "mixed"
+    for m in ev.mismatched.values():
+        m.beta_std[:] = 0.01  # every seed far off
     assert rl.source_findings(ev)["beta_std"][1] == "no"
+    # clip contrast: two seeds in the source's direction, one against it -> mixed, not no
+    ev = _evidence()
+    for s, (a, b) in zip((0, 1, 2), ((0.08, 0.04), (0.05, 0.04), (0.09, 0.10)), strict=True):
+        ev.mismatched[s].clip[3], ev.matched[s].clip[3] = a, b
+    assert rl.source_findings(ev)["clip_step3"][1] == "mixed"
     # deployed: matched ahead on every seed, by 5x on two and 1.5x on one -> partly
     ev = _evidence()
     for s, ratio in zip((0, 1, 2), (5.0, 5.0, 1.5), strict=True):
@@ -108,7 +118,10 @@ def test_fixes_must_rescue_the_run_they_are_applied_to():
     assert rl.source_findings(_evidence())["fixes"][1] == "yes"  # unfixed never arrives
     ev = _evidence(converge={**_evidence().converge, "fix_baseline": [27, 27, 8],
                              "eps10": [23, 23, 9]})
-    assert rl.source_findings(ev)["fixes"][1] == "no"  # seed 2: later than the unfixed run
+    assert rl.source_findings(ev)["fixes"][1] == "mixed"  # seed 2: later than the unfixed run
+    ev = _evidence(converge={**_evidence().converge, "fix_baseline": [8, 8, 8],
+                             "eps10": [23, 23, 9]})
+    assert rl.source_findings(ev)["fixes"][1] == "no"  # later than the unfixed run everywhere
     ev = _evidence(converge={**_evidence().converge, "fix_baseline": [None, None, 10],
                              "eps10": [23, 23, 9], "shadow": [29, 27, 9]})
     assert rl.source_findings(ev)["fixes"][1] == "partly"  # earlier on every seed
@@ -120,7 +133,10 @@ def test_the_cosine_is_judged_against_the_matched_run():
 
     ev = _evidence(gradients={0: rep(0.939)}, matched_gradients={0: rep(0.950)})
     rows = rl.source_findings(ev)
-    assert rows["cos_reinforce"][1] == "no"  # a fall of 0.011: no evidence
+    assert rows["cos_reinforce"][1] == "mixed"  # a fall of 0.011 on one seed of three: not no
+    three = {s: rep(0.939) for s in (0, 1, 2)}
+    ev = _evidence(gradients=three, matched_gradients={s: rep(0.950) for s in (0, 1, 2)})
+    assert rl.source_findings(ev)["cos_reinforce"][1] == "no"  # no evidence on any seed
     ev = _evidence(gradients={0: rep(0.60)}, matched_gradients={0: rep(0.95)})
     assert rl.source_findings(ev)["cos_reinforce"][1] == "partly"  # yes, capped: one seed
     three = {s: rep(0.60) for s in (0, 1, 2)}
@@ -161,3 +177,95 @@ def test_windows_restrict_the_steps():
         m.beta_std[:10] = 0.15
         m.beta_std[10:] = 10.0
     assert rl.source_findings(ev)["beta_std"][1] == "no"
+
+
+def test_undefined_seeds_are_left_out_and_unmeasured_ones_cap():
+    # corr(beta, A) is nan once every advantage is 0: that seed says nothing either way
+    ev = _evidence()
+    rng = np.random.default_rng(3)
+    for m in ev.mismatched.values():
+        m.beta_adv_corr[:] = np.linspace(0.0, 0.1, STEPS) + rng.normal(0, 0.002, STEPS)
+    ev.mismatched[2].beta_adv_corr[-3:] = np.nan
+    assert rl.source_findings(ev)["corr"][1] == "yes"  # the two defined seeds agree
+    assert rl.source_findings(ev)["corr"][0].endswith(">nan")
+    # gradient reports: a step whose cosines are nan is skipped, the seed's other steps count
+    def rep(c):
+        return {"cos_reinforce": c, "cos_ratio_score": -0.5, "cos_clean_actual": 0.99}
+
+    nan_step = {3: rep(0.60), 20: rep(float("nan"))}
+    ev = _evidence(gradients={s: nan_step for s in (0, 1, 2)},
+                   matched_gradients={s: {3: rep(0.95), 20: rep(-0.1)} for s in (0, 1, 2)})
+    rows = rl.source_findings(ev)
+    assert rows["cos_reinforce"] == ("0.950/0.600; 0.950/0.600; 0.950/0.600", "yes")
+    # the rare-token bands come from one seed: at most partly, never no
+    assert rl.source_findings(_evidence(rare=(0.75, 0.02)))["rare"][1] == "partly"
+    assert rl.source_findings(_evidence(rare=(0.02, 0.75)))["rare"][1] == "mixed"
+
+
+def test_mu_w_is_judged_per_seed():
+    same = {s: (-0.25, -0.24) for s in (0, 1, 2)}
+    assert rl.source_findings(_evidence(mu_w=same))["mu_w"][1] == "yes"
+    level = {s: (-0.80, -0.78) for s in (0, 1, 2)}  # equal across runs, another level
+    assert rl.source_findings(_evidence(mu_w=level))["mu_w"][1] == "partly"
+    one_off = {**same, 2: (-0.33, -0.28)}  # 15% apart on one seed
+    assert rl.source_findings(_evidence(mu_w=one_off))["mu_w"][1] == "mixed"
+    apart = {s: (-0.33, -0.28) for s in (0, 1, 2)}
+    assert rl.source_findings(_evidence(mu_w=apart))["mu_w"][1] == "no"
+
+
+def test_the_tally_counts_mixed_rows():
+    ev = _evidence()
+    ev.mismatched[2].beta_std[:] = 0.01
+    counts = rl.tally(rl.source_findings(ev))
+    assert counts["mixed"] >= 1 and sum(counts.values()) == len(rl.SOURCE)
+
+
+SMALL = rl.PolicyConfig(n_prompts=2, max_len=5, vocab=16, width=8, hidden=8, depth=1)
+
+
+def test_gradient_report_is_nan_where_every_advantage_is_zero():
+    policy = rl.Policy(SMALL, torch.Generator().manual_seed(0))
+    ro = rl.Engine(policy, "bf16").generate(4, torch.Generator().manual_seed(1))
+    tokens = ro.tokens.clone()
+    tokens[:, 0] = rl.EOS  # every completion stops at once: equal rewards, A = 0
+    mask = torch.zeros_like(ro.mask)
+    mask[:, 0] = True
+    same = dataclasses.replace(ro, tokens=tokens, mask=mask)
+    with torch.no_grad():
+        old = rl.sequence_logprobs(policy, same, "bf16")
+    same = dataclasses.replace(same, old_logp=old)
+    assert not rl.group_advantages(same.rewards, same.group_size).any()
+    rep = rl.gradient_report(policy, same, rl.RunConfig(trainer="fp32", engine="bf16"))
+    for key in ("ratio_error", "score_error", "cos_ratio_score", "cos_clean_actual",
+                "cos_clipped", "cos_reinforce"):
+        assert math.isnan(rep[key]), key
+    assert rep["cos_cross_entropy"] > 0.99  # cross-entropy has no advantage: still defined
+
+
+def test_train_seeds_reports_gradients_on_the_chosen_seeds():
+    runs = {"a": rl.RunConfig(steps=2)}
+    logs = rl.train_seeds(SMALL, runs, [0, 1, 2], progress=False, gradients=(1,),
+                          gradient_seeds=[1, 2])
+    assert [bool(logs[s]["a"].gradients) for s in (0, 1, 2)] == [False, True, True]
+    first = rl.train_seeds(SMALL, runs, [0, 1], progress=False, gradients=(1,))
+    assert [bool(first[s]["a"].gradients) for s in (0, 1)] == [True, False]
+    np.testing.assert_array_equal(first[1]["a"].reward, logs[1]["a"].reward)  # no side effect
+    with pytest.raises(ValueError, match="gradient_seeds"):
+        rl.train_seeds(SMALL, runs, [0, 1], progress=False, gradient_seeds=[5])
+
+
+def test_ratio_one_trains_the_same_at_any_clip_range():
+    # The chapter reuses its eps = 0.2 run for "ratio = 1" at eps = 0.05: the ratio is exactly
+    # 1, inside every clip range, so the training must agree bit for bit (phantom and
+    # legitimate only classify tokens against each run's own clip range).
+    runs = {f"{mode} {eps}": rl.RunConfig(steps=3, ratio_mode=mode, eps_low=eps, eps_high=eps,
+                                          lr=1e-2)
+            for mode in ("one", "actual") for eps in (0.05, 0.2, 10.0)}
+    logs = rl.train_many(SMALL, runs, progress=False)
+    for eps in (0.05, 10.0):
+        for k, v in logs["one 0.2"].arrays().items():
+            if k in ("phantom", "legitimate"):
+                continue
+            np.testing.assert_array_equal(logs[f"one {eps}"].arrays()[k], v, err_msg=k)
+    # the control: with the trainer's own ratio the clip range matters
+    assert not np.array_equal(logs["actual 0.05"].clip, logs["actual 10.0"].clip)

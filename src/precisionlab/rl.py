@@ -865,7 +865,8 @@ def gradient_report(policy: Policy, rollout: Rollout, run: RunConfig) -> dict[st
     the clean REINFORCE gradient -(1/N) sum A_t s_t in the engine's precision (ratio 1, no
     clipping: the source's reference). Cross-entropy
     (pretraining) for comparison: cos between the fp32 and low-precision gradients of the mean
-    -log pi(a_t), where beta only shifts the loss.
+    -log pi(a_t), where beta only shifts the loss. Where every advantage is 0 the policy-gradient
+    entries are nan (the clean gradient is exactly 0).
     """
     adv = group_advantages(rollout.rewards, rollout.group_size)
     with torch.no_grad():
@@ -884,9 +885,12 @@ def gradient_report(policy: Policy, rollout: Rollout, run: RunConfig) -> dict[st
     ones = torch.ones_like(alpha)
     a_tok = adv[:, None].expand_as(alpha)
     used = loss_grad(run.trainer)
+    # With every advantage 0 (a batch whose completions all earn the same reward) the clean
+    # gradient is exactly 0 and every size and angle below is undefined: nan.
+    rel = (lambda g: _norm(g) / clean_norm) if clean_norm > 0 else (lambda g: float("nan"))
     return {
-        "ratio_error": _norm(dec.d_ratio) / clean_norm,
-        "score_error": _norm(dec.d_score) / clean_norm,
+        "ratio_error": rel(dec.d_ratio),
+        "score_error": rel(dec.d_score),
         "cos_ratio_score": _cos(dec.d_ratio, dec.d_score),
         "cos_clean_actual": _cos(dec.clean_low, dec.actual_full),
         "cos_clipped": _cos(loss_grad(run.engine), used),
@@ -1183,13 +1187,20 @@ def train_many(policy_cfg: PolicyConfig, runs: Mapping[str, RunConfig], seed: in
 
 def train_seeds(policy_cfg: PolicyConfig, runs: Mapping[str, RunConfig], seeds: Sequence[int],
                 progress: bool = True, desc: str = "seeds", record: Sequence[int] = (),
-                gradients: Sequence[int] = ()) -> dict[int, dict[str, RunLog]]:
+                gradients: Sequence[int] = (),
+                gradient_seeds: Sequence[int] | None = None) -> dict[int, dict[str, RunLog]]:
     """`train_many` for each seed (seed -> name -> RunLog), one progress bar: for results that are chaotic in the seed.
 
     record: as in `train`, for every seed (snapshots cost nothing); gradients: as in `train`,
-    for the first seed only (each report costs several backward passes).
+    for the seeds in gradient_seeds only (default: the first seed; each report costs several
+    backward passes).
     """
     from tqdm.auto import tqdm
+
+    chosen = seeds[:1] if gradient_seeds is None else list(gradient_seeds)
+    if not set(chosen) <= set(seeds):
+        raise ValueError(f"gradient_seeds must be among seeds; got gradient_seeds={chosen!r}, "
+                         f"valid choices: {list(seeds)!r}")
 
     out: dict[int, dict[str, RunLog]] = {}
     total = len(seeds) * sum(r.steps for r in runs.values())
@@ -1198,9 +1209,8 @@ def train_seeds(policy_cfg: PolicyConfig, runs: Mapping[str, RunConfig], seeds: 
             out[seed] = {}
             for name, run in runs.items():
                 bar.set_postfix_str(f"seed {seed}, {name}", refresh=False)
-                first = seed == seeds[0]
                 out[seed][name] = _train(policy_cfg, run, seed, lambda _r: bar.update(),
-                                         record, gradients if first else ())
+                                         record, gradients if seed in chosen else ())
     return out
 
 
@@ -1367,7 +1377,7 @@ def comparison_table(rows: Mapping[str, Sequence[str]]):
 
 # --------------------------------------------------------------------------- judging the findings
 
-VERDICTS: tuple[str, ...] = ("yes", "partly", "no", "set", "untestable")
+VERDICTS: tuple[str, ...] = ("yes", "partly", "mixed", "no", "set", "untestable")
 
 
 def normal_outside(mean: float, std: float, lo: float, hi: float) -> float:
@@ -1406,9 +1416,10 @@ class Evidence:
     "fix_baseline" (the unfixed run the fixes are tried on), "eps10" and "shadow". window: the
     steps that match the source's 100-step runs; late: the steps standing for "later in
     training" (the source's step 50). gradients / matched_gradients: gradient_report dicts per
-    seed and step (any seeds). rare: (rare, common) median |beta| or None where the vocabulary
-    has no rare entries; mu_w: per seed (matched, mismatched) mu_W; calibrated: SOURCE keys
-    whose value the configuration was chosen to give.
+    seed and step (any seeds). rare: (rare, common) median |beta| on one seed's final policy,
+    or None where the vocabulary has no rare entries; mu_w: per seed (matched, mismatched) mu_W,
+    each a run's mean over its steps as the source reports it; calibrated: SOURCE keys whose
+    value the configuration was chosen to give.
     """
 
     matched: Mapping[int, RunLog]
@@ -1423,21 +1434,36 @@ class Evidence:
     calibrated: frozenset = frozenset()
 
 
-def _across(verdicts: Sequence[str]) -> str:
-    """yes if every seed says yes; partly if every seed says at least partly; else no."""
+def _both(verdicts: Sequence[str]) -> str:
+    """Within one seed: yes if every part says yes; partly if every part says at least partly; else no."""
     if all(v == "yes" for v in verdicts):
         return "yes"
     return "partly" if all(v in ("yes", "partly") for v in verdicts) else "no"
 
 
+def _across(verdicts: Sequence[str]) -> str:
+    """Over seeds: yes if every seed says yes, partly if every seed at least partly, no if every seed no, else mixed."""
+    if not verdicts:
+        return "untestable"
+    if all(v == "no" for v in verdicts):
+        return "no"
+    return _both(verdicts) if all(v in ("yes", "partly") for v in verdicts) else "mixed"
+
+
 def _cap(verdict: str, measured: int, seeds: int) -> str:
-    """A row measured on fewer seeds than the configuration has is at most 'partly'."""
-    return "partly" if verdict == "yes" and measured < seeds else verdict
+    """A row measured on fewer seeds than the configuration has: yes becomes partly, no becomes mixed."""
+    if measured >= seeds:
+        return verdict
+    return {"yes": "partly", "no": "mixed"}.get(verdict, verdict)
 
 
-def _later(a: Sequence, b: Sequence) -> bool:
-    """On every seed b reaches -2 after a (None: never), while a does."""
-    return all(x is not None and (y is None or y > x) for x, y in zip(a, b, strict=True))
+def _first(a: int | None, b: int | None) -> str:
+    """One seed: yes if a reaches -2 and b never does (None); partly if b does, later than a; else no."""
+    if a is None:
+        return "no"
+    if b is None:
+        return "yes"
+    return "partly" if b > a else "no"
 
 
 def _show(xs: Sequence) -> str:
@@ -1448,15 +1474,25 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else (math.inf if a > 0 else math.nan)
 
 
+def _finite_mean(reports: Mapping, key: str, steps=None) -> float:
+    """Mean of reports[step][key] over `steps` (default all) where it is finite; nan if none is."""
+    vals = [r[key] for step, r in reports.items()
+            if (steps is None or step in steps) and math.isfinite(r[key])]
+    return fmean(vals) if vals else math.nan
+
+
 def source_findings(ev: Evidence) -> dict[str, tuple[str, str]]:
     """(text, verdict) for every SOURCE finding, judged on every seed of one configuration.
 
-    Each row compares the book's value with the source's by `reproduces` on every seed: yes if
-    every seed reproduces it, partly if on every seed at least the source's direction holds,
-    no otherwise; a row measured on fewer seeds (the gradient reports) is at most partly.
-    Rows in ev.calibrated read "set" and rows the configuration cannot measure "untestable".
-    Contrasts compare the right baseline: the cosine with the matched run's, a fix with the
-    unfixed run it is tried on; a correlation must rise beyond two standard errors.
+    Each seed compares the book's value with the source's by `reproduces`; a row is yes if every
+    seed reproduces it, partly if on every seed at least the source's direction holds, no if no
+    seed shows even the direction, and mixed if the seeds disagree. A seed where the quantity
+    is undefined (every advantage 0 once a run has converged) is left out; a row measured on
+    fewer seeds than the configuration has (gradient reports, the rare-token bands) is at most
+    partly and never no. Rows in ev.calibrated read "set", rows the configuration cannot
+    measure "untestable". Contrasts compare the right baseline: the cosine with the matched
+    run's, a fix with the unfixed run it is tried on; a correlation must rise beyond two
+    standard errors.
     """
     seeds = sorted(ev.mismatched)
     M, Mt = [ev.mismatched[s] for s in seeds], [ev.matched[s] for s in seeds]
@@ -1482,12 +1518,15 @@ def source_findings(ev: Evidence) -> dict[str, tuple[str, str]]:
     out["beta_growth"] = ("; ".join(f"{a:.3f}>{b:.3f}" for a, b in growth), _across(
         [reproduces(_ratio(b, a), 0.244 / 0.043, direction=b > a) for a, b in growth]))
     per_seed("snr", [fmean(m.snr()[w][1:]) for m in M], ".2f", 2.82)
-    early_corr = slice(0, 10)
-    corr = [(m.beta_adv_corr[early_corr], m.beta_adv_corr[late]) for m in M]
-    rises = [bool(np.all(np.isfinite(b))) and grows(a, b) for a, b in corr]
-    out["corr"] = ("; ".join(f"{fmean(a):+.3f}>{fmean(b):+.3f}" for a, b in corr), _across(
-        [reproduces(fmean(b), 0.069, direction=r) if r else "no"
-         for (a, b), r in zip(corr, rises, strict=True)]))
+    # corr(beta, A) is undefined (nan) at a step whose advantages are all 0: a seed with
+    # such a step in either window cannot say whether the correlation rises.
+    corr = [(m.beta_adv_corr[slice(0, 10)], m.beta_adv_corr[late]) for m in M]
+    defined = [bool(np.all(np.isfinite(a)) and np.all(np.isfinite(b))) for a, b in corr]
+    cv = [reproduces(fmean(b), 0.069, direction=True) if grows(a, b) else "no"
+          for (a, b), d in zip(corr, defined, strict=True) if d]
+    out["corr"] = ("; ".join(f"{fmean(a):+.3f}>{fmean(b):+.3f}" if d else
+                             f"{fmean(a):+.3f}>nan" for (a, b), d in zip(corr, defined, strict=True)),
+                   _across(cv))
     dep = [_ratio(fmean(t.deployed[w]), fmean(m.deployed[w])) for m, t in zip(M, Mt, strict=True)]
     per_seed("deployed", dep, ".2f", 0.00128 / 0.00023, [d > 1 for d in dep])
     out["deployed"] = (", ".join(f"{d:.2f}x" for d in dep), out["deployed"][1])
@@ -1499,74 +1538,67 @@ def source_findings(ev: Evidence) -> dict[str, tuple[str, str]]:
     al = [(fmean(t.alpha_abs[early_alpha]), fmean(m.alpha_abs[early_alpha]))
           for m, t in zip(M, Mt, strict=True)]
     out["alpha_early"] = ("; ".join(f"{a:.3f}/{b:.3f}" for a, b in al), _across(
-        [_across([reproduces(a, 0.035), reproduces(b, 0.035)]) for a, b in al]))
+        [_both([reproduces(a, 0.035), reproduces(b, 0.035)]) for a, b in al]))
     zero = [float(np.max(np.abs(t.beta_abs))) for t in Mt]
-    out["beta_zero"] = (", ".join(f"{z:g}" for z in zero), "yes" if max(zero) == 0 else "no")
+    out["beta_zero"] = (", ".join(f"{z:g}" for z in zero),
+                        _across(["yes" if z == 0 else "no" for z in zero]))
 
-    # gradient reports: whatever seeds were measured, capped at partly below all seeds
+    # gradient reports: per seed, the mean over its reported steps where the value is defined
     g = {s: ev.gradients[s] for s in seeds if s in ev.gradients}
-    if g:
-        crs = [fmean([r["cos_ratio_score"] for r in g[s].values()]) for s in g]
-        out["cos_ratio_score"] = (", ".join(f"{c:+.2f}" for c in crs), _cap(_across(
-            [reproduces(c, -0.58, direction=c < 0) for c in crs]), len(g), len(seeds)))
-        nc = [fmean([r["cos_clean_actual"] for r in g[s].values()]) for s in g]
-        out["cos_no_clip"] = (", ".join(f"{c:.3f}" for c in nc),
-                              _cap("yes" if min(nc) > 0.95 else "no", len(g), len(seeds)))
-    else:
-        out["cos_ratio_score"] = out["cos_no_clip"] = ("-", "untestable")
-    gm = {s: ev.matched_gradients[s] for s in g if s in ev.matched_gradients}
-    if gm:
-        pairs = [(fmean([r["cos_reinforce"] for r in gm[s].values()]),
-                  fmean([r["cos_reinforce"] for r in g[s].values()])) for s in gm]
-        drop = [a - b for a, b in pairs]
-        # The size of the effect: the drop below the matched run's cosine, against the
-        # source's 1 - cos (its matched run is its clean reference); a drop under a tenth of
-        # the source's smallest is no evidence of the direction either.
-        out["cos_reinforce"] = ("; ".join(f"{a:.3f}/{b:.3f}" for a, b in pairs), _cap(_across(
-            [reproduces(d, (0.27, 0.45), direction=d > 0.027) for d in drop]),
-            len(gm), len(seeds)))
-    else:
-        out["cos_reinforce"] = ("-", "untestable")
+    crs = {s: _finite_mean(g[s], "cos_ratio_score") for s in g}
+    crs = {s: c for s, c in crs.items() if math.isfinite(c)}
+    out["cos_ratio_score"] = (", ".join(f"{c:+.2f}" for c in crs.values()) or "-", _cap(_across(
+        [reproduces(c, -0.58, direction=c < 0) for c in crs.values()]), len(g), len(seeds)))
+    nc = {s: _finite_mean(g[s], "cos_clean_actual") for s in g}
+    nc = {s: c for s, c in nc.items() if math.isfinite(c)}
+    out["cos_no_clip"] = (", ".join(f"{c:.3f}" for c in nc.values()) or "-", _cap(_across(
+        ["yes" if c > 0.95 else "no" for c in nc.values()]), len(g), len(seeds)))
+    # The cosine with the clean REINFORCE gradient, matched against mismatched, over the steps
+    # reported for both where both are defined. The size of the effect is the drop below the
+    # matched run's cosine, against the source's 1 - cos (its matched run is its clean
+    # reference); a drop under a tenth of the source's smallest is no evidence of the direction.
+    pairs, reported = {}, [s for s in g if s in ev.matched_gradients]
+    for s in reported:
+        mg = ev.matched_gradients[s]
+        both = [k for k in g[s] if k in mg and math.isfinite(g[s][k]["cos_reinforce"])
+                and math.isfinite(mg[k]["cos_reinforce"])]
+        if both:
+            pairs[s] = (_finite_mean(mg, "cos_reinforce", both),
+                        _finite_mean(g[s], "cos_reinforce", both))
+    out["cos_reinforce"] = ("; ".join(f"{a:.3f}/{b:.3f}" for a, b in pairs.values()) or "-",
+                            _cap(_across([reproduces(a - b, (0.27, 0.45), direction=a - b > 0.027)
+                                          for a, b in pairs.values()]), len(reported), len(seeds)))
+    # mu_W: the source's claim is that it is the same with and without beta (within 10%, its
+    # own gap), near -0.24; the same but at another level is partly.
     mu = [ev.mu_w[s] for s in seeds if s in ev.mu_w]
-    if mu:
-        same = [abs(b - a) <= 0.1 * abs(a) for a, b in mu]
-        out["mu_w"] = ("; ".join(f"{a:+.3f}/{b:+.3f}" for a, b in mu), _cap(_across(
-            [_across([reproduces(a, -0.258), reproduces(b, -0.238)]) if sm else "no"
-             for (a, b), sm in zip(mu, same, strict=True)]), len(mu), len(seeds)))
-        if out["mu_w"][1] == "no" and all(same):
-            out["mu_w"] = (out["mu_w"][0], "partly")  # equal across runs, another level
-    else:
-        out["mu_w"] = ("-", "untestable")
+    out["mu_w"] = ("; ".join(f"{a:+.3f}/{b:+.3f}" for a, b in mu) or "-", _cap(_across(
+        [("yes" if _both([reproduces(a, -0.258), reproduces(b, -0.238)]) == "yes" else "partly")
+         if abs(b - a) <= 0.1 * abs(a) else "no" for a, b in mu]), len(mu), len(seeds)))
 
-    # convergence: every seed; a fix must rescue (or at least speed up) its unfixed run
+    # convergence, per seed; a fix must rescue (or at least speed up) its unfixed run
     m = [t.steps_to(-2.0) for t in Mt]
     mm = [t.steps_to(-2.0) for t in M]
     c = ev.converge
     out["converge_low"] = (f"{_show(m)} / {_show(mm)}",
-                           "yes" if None not in m and set(mm) == {None}
-                           else "partly" if _later(m, mm) else "no")
-    out["converge_high"] = (_show(c["lr10"]), "yes" if None not in c["lr10"] else "no")
+                           _across([_first(x, y) for x, y in zip(m, mm, strict=True)]))
+    out["converge_high"] = (_show(c["lr10"]),
+                            _across(["no" if x is None else "yes" for x in c["lr10"]]))
     bw, bw10 = c["bf16_weights"], c["bf16_weights_lr10"]
     out["bf16_weights"] = (f"{_show(bw)} / {_show(bw10)}",
-                           "yes" if set(bw) == {None} and None not in bw10
-                           else "partly" if _later(bw10, bw) else "no")
+                           _across([_first(x10, x) for x, x10 in zip(bw, bw10, strict=True)]))
     base = c["fix_baseline"]
-
-    def rescue(fix):
-        if set(base) == {None} and None not in fix:
-            return "yes"
-        return "partly" if _later(fix, base) else "no"
-
     out["fixes"] = (f"{_show(c['eps10'])} / {_show(c['shadow'])} (unfixed {_show(base)})",
-                    _across([rescue(c["eps10"]), rescue(c["shadow"])]))
+                    _across([_both([_first(e, b), _first(sh, b)])
+                             for e, sh, b in zip(c["eps10"], c["shadow"], base, strict=True)]))
+    # rare tokens: bands measured on one seed's final policy
     if ev.rare is None or not all(math.isfinite(x) for x in ev.rare):
         out["rare"] = ("no entries" if ev.rare is None else
                        " / ".join("-" if not math.isfinite(x) else f"{x:.3f}" for x in ev.rare),
                        "untestable")
     else:
         r, cm = ev.rare
-        out["rare"] = (f"{r:.3f} / {cm:.3f}",
-                       reproduces(_ratio(r, cm), (25.0, 50.0), direction=r > cm))
+        out["rare"] = (f"{r:.3f} / {cm:.3f}", _cap(
+            reproduces(_ratio(r, cm), (25.0, 50.0), direction=r > cm), 1, len(seeds)))
     for key in ev.calibrated:
         if key not in SOURCE:
             raise ValueError(f"unknown source finding {key!r}; valid choices: {', '.join(SOURCE)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["check_choice", "check_positive"]
+__all__ = ["check_choice", "check_nonnegative", "check_positive"]
 
 
 def check_choice(value, name: str, choices: Iterable[str]):
@@ -16,12 +16,25 @@ def check_choice(value, name: str, choices: Iterable[str]):
     return value
 
 
+def _real(value) -> float:
+    """float(value) for a real number (not a bool or a string), NaN for anything else."""
+    try:
+        return float(value) if not isinstance(value, (bool, str)) else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def check_positive(value, name: str) -> float:
     """float(value) if it is a finite real number > 0 (not a bool or a string), else ValueError."""
-    try:
-        v = float(value) if not isinstance(value, (bool, str)) else math.nan
-    except (TypeError, ValueError):
-        v = math.nan
+    v = _real(value)
     if not (math.isfinite(v) and v > 0):
         raise ValueError(f"{name} must be a finite number > 0; got {name}={value!r}")
+    return v
+
+
+def check_nonnegative(value, name: str, what: str = "") -> float:
+    """float(value) if it is a finite real number >= 0 (not a bool or a string), else ValueError."""
+    v = _real(value)
+    if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0{what}; got {name}={value!r}")
     return v

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FORMATS", "FORMAT_NAMES", "FloatFormat", "get_format"]
+__all__ = ["ALIASES", "FORMATS", "FORMAT_NAMES", "FloatFormat", "get_format", "short_name"]
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,8 @@ FORMATS: dict[str, FloatFormat] = {
 
 FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
 
-# Short names people type; each maps to one registry name.
-_ALIASES = {
+# Short names people type; each maps to one registry name. The one table of format names.
+ALIASES = {
     "fp64": "float64", "double": "float64",
     "fp32": "float32", "single": "float32",
     "fp16": "float16", "half": "float16",
@@ -121,11 +121,17 @@ def get_format(fmt: str | FloatFormat | Any) -> FloatFormat:
     if not isinstance(fmt, str):
         # torch dtypes print as "torch.bfloat16"; accept them without importing torch here.
         name = str(fmt).removeprefix("torch.")
-    key = _ALIASES.get(name.lower(), name.lower()) if isinstance(name, str) else name
+    key = ALIASES.get(name.lower(), name.lower()) if isinstance(name, str) else name
     try:
         return FORMATS[key]
     except (KeyError, TypeError):
         raise ValueError(
             f"unknown float format {fmt!r}; valid choices: {', '.join(FORMAT_NAMES)} "
-            f"(aliases: {', '.join(sorted(_ALIASES))})"
+            f"(aliases: {', '.join(sorted(ALIASES))})"
         ) from None
+
+
+def short_name(fmt) -> str:
+    """The first alias of a format in ALIASES (fp32, bf16, fp16, ...), else its registry name."""
+    name = get_format(fmt).name
+    return next((k for k, v in ALIASES.items() if v == name), name)

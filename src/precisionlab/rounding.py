@@ -47,6 +47,7 @@ __all__ = [
     "BitFields",
     "RoundingTrace",
     "decompose",
+    "check_mode",
     "next_down",
     "next_up",
     "round_to",
@@ -58,6 +59,11 @@ MODES: tuple[str, ...] = ("nearest_even", "nearest_away", "toward_zero", "up", "
 DETERMINISTIC_MODES: tuple[str, ...] = MODES[:-1]
 _NEAREST_EVEN, _NEAREST_AWAY, _TOWARD_ZERO, _UP, _DOWN, _STOCHASTIC = range(len(MODES))
 BACKENDS = ("auto", "native", "emulated")
+
+
+def check_mode(mode: str, stochastic: bool = False) -> str:
+    """mode if it is a rounding mode (stochastic only where allowed), else ValueError naming them."""
+    return check_choice(mode, "rounding mode", MODES if stochastic else DETERMINISTIC_MODES)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = rl.PolicyConfig()
-    policy = rl.Policy(cfg, torch.Generator().manual_seed(0))
+    policy = rl.Policy(cfg, seed=0)
     rows = []
 
     for backend in rl.BACKENDS:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 import precisionlab
-from precisionlab import rl
+from precisionlab import emulate, rl
 from precisionlab.rl import with_changes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def _band_report(policy: rl.Policy, seed: int) -> dict:
     fresh = rl.Engine(policy, "bf16").generate(8, torch.Generator().manual_seed(seed + 2))
     lp = rl.vocabulary_logprobs(policy, fresh, "bf16")
     return {
-        "p_eos": rl.fmean(rl.E.exp64(lp[:, rl.EOS].double())),
+        "p_eos": rl.fmean(emulate.exp64(lp[:, rl.EOS].double())),
         "bands": [[lo, hi, n, med] for (lo, hi), (n, med)
                   in zip(BANDS, rl.beta_by_band(policy, fresh, BANDS), strict=True)],
     }
@@ -91,8 +91,7 @@ def _one(task):
     torch.set_num_threads(1)
     extra = {}
     if first and name in ("matched", "mismatched"):
-        extra["bands_init"] = _band_report(rl.Policy(POLICY, torch.Generator().manual_seed(seed)),
-                                           seed)
+        extra["bands_init"] = _band_report(rl.Policy(POLICY, seed), seed)
     grads = GRADIENT_STEPS if first and name == "mismatched" else ()
     log = rl.train(POLICY, run, seed=seed, progress=False, gradients=grads)
     if grads:

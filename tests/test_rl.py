@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from precisionlab import rl
-from precisionlab.rounding import round_to
+from precisionlab.rl.stats import fexp
 
 SMALL = rl.PolicyConfig(vocab=32, n_prompts=2, max_len=6, width=16, hidden=32, depth=3,
                         eos_logit=2.0)  # groups whose lengths differ: advantages non-zero
@@ -40,7 +40,7 @@ def _one_thread():
 
 
 def _policy(cfg=SMALL, seed=0):
-    return rl.Policy(cfg, torch.Generator().manual_seed(seed))
+    return rl.Policy(cfg, seed)
 
 
 def _rollout(policy, precision="bf16", group_size=4, seed=1):
@@ -209,52 +209,31 @@ def test_native_backend_runs_torch_kernels_close_to_emulated():
         assert float((emu - nat).abs().mean()) < 0.1
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
-@settings(max_examples=300, deadline=None)
-@given(st.floats(allow_nan=False, width=64), st.sampled_from(["fp32", "bf16", "fp16"]))
-def test_kernel_rounding_matches_round_to(x, precision):
-    p, emin, vmax = rl._FMT_CODE[precision]
-    fmt = rl._FMT[precision]
-    ties = [1 + 2.0**-p, 1 + 3 * 2.0**-p, -(1 + 2.0**-p), np.nextafter(1 + 2.0**-p, 2.0)]
-    for v in (x, x * 2.0**-140, x * 2.0**-20, x * 2.0**100, *ties):
-        buf = np.array([v, 0.0])
-        rl._rnd_vec(buf, 1, p, emin, vmax)
-        expect = round_to(np.array([v]), fmt)[0]
-        assert buf[0] == expect or (np.isnan(buf[0]) and np.isnan(expect)), (v, precision)
+def _box_muller(generator: torch.Generator, n: int) -> list[float]:
+    """n N(0, 1) draws written from the formula: sqrt(-2 ln(1 - u1)) cos(2 pi u2), math.log and math.cos,
+    from the next 2n float64 uniforms of `generator` (u1 the first n, u2 the next n)."""
+    u = torch.rand(2, n, generator=generator, dtype=torch.float64).tolist()
+    return [math.sqrt(-2.0 * math.log(1.0 - a)) * math.cos(2.0 * math.pi * b)
+            for a, b in zip(u[0], u[1], strict=True)]
 
 
-def test_kernel_exp_and_log_match_emulate():
-    x = torch.cat([torch.linspace(-750, 720, 4001, dtype=torch.float64),
-                   torch.tensor([0.0, -0.0, 1e-300, -1e-300, float("inf"), -float("inf")],
-                                dtype=torch.float64)])
-    got = np.array([rl._exp64(float(v), rl._EXP_C) for v in x])
-    np.testing.assert_array_equal(got, rl.E.exp64(x).numpy())
-    y = torch.logspace(-300, 300, 3001, dtype=torch.float64)
-    got = np.array([rl._log64(float(v), rl._LOG_C) for v in y])
-    np.testing.assert_array_equal(got, rl.E.log64(y).numpy())
-
-
-def test_row_gradient_sums_repeated_rows():
-    g = torch.Generator().manual_seed(4)
-    table = torch.randn(7, 5, generator=g, requires_grad=True)
-    idx = torch.tensor([3, 1, 3, 3, 0, 6, 1])
-    up = torch.randn(7, 5, generator=g)
-    (rl._rows(table, idx) * up).sum().backward()
-    expect = np.zeros((7, 5))
-    for i, r in enumerate(idx.tolist()):
-        expect[r] += up[i].double().numpy()
-    np.testing.assert_allclose(table.grad.numpy(), expect, rtol=1e-6, atol=1e-7)
-
-
-def test_initial_weights_are_standard_normal_and_reproducible():
-    z = rl._normal((40_000,), torch.Generator().manual_seed(0)).double()
-    assert abs(float(z.mean())) < 0.02 and abs(float(z.std()) - 1) < 0.02
-    # Normal quantiles: P(z < -1.96) = P(z > 1.96) = 0.025, each with a standard error 0.0008.
-    assert abs(float((z < -1.96).double().mean()) - 0.025) < 0.004
-    assert abs(float((z > 1.96).double().mean()) - 0.025) < 0.004
-    again = rl._normal((40_000,), torch.Generator().manual_seed(0)).double()
-    assert torch.equal(z, again)
-    assert rl._normal((3, 5), torch.Generator().manual_seed(1), std=0.5).shape == (3, 5)
+def test_initial_weights_are_box_muller_draws_from_the_seed():
+    # Every parameter, in the order they are made, takes the next Box-Muller draws of one
+    # stream seeded by `seed`, times its init std, rounded to float32. math.log/math.cos vs
+    # the package's log64/cos2pi64 may differ in a float64 last bit: allow one float32 ulp.
+    cfg = SMALL
+    d, m, n = cfg.width, cfg.hidden, cfg.depth
+    stds = {"tok": 1.0, "pos": 1.0, "prompt": 1.0, "w_in": (2 / d) ** 0.5,
+            "w_out": (m * n) ** -0.5, "head": cfg.logit_spread * d**-0.5}
+    for seed in (0, 5):
+        policy = _policy(cfg, seed)
+        g = torch.Generator().manual_seed(seed)
+        for name, p in policy.named_parameters():
+            want = np.float32(np.array(_box_muller(g, p.numel())) * stds[name])
+            assert p.dtype == torch.float32
+            np.testing.assert_allclose(p.detach().numpy().reshape(-1), want, rtol=2**-23, atol=0)
+    assert torch.equal(_policy().tok, _policy().tok) and not torch.equal(_policy().tok,
+                                                                         _policy(seed=1).tok)
 
 
 @settings(max_examples=100, deadline=None)
@@ -325,21 +304,21 @@ def test_clip_bounds_are_strict():
 
 
 def _exp_onto(target: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x_on, x_out): rl._exp(x_on) is exactly the bound as the comparison sees it (the Python
+    """(x_on, x_out): fexp(x_on) is exactly the bound as the comparison sees it (the Python
     float target, or its float32 value for float32 ratios); x_out is the first x beyond x_on,
     away from 0, whose exp lies outside the bound."""
     bound = torch.tensor(target, dtype=dtype)
     x = torch.tensor(math.log(target), dtype=dtype)
     outward = 1.0 if target > 1 else -1.0
     for _ in range(200):
-        y = rl._exp(x)
+        y = fexp(x)
         if y == bound:
             break
         x = torch.nextafter(x, x + (1.0 if y < bound else -1.0))
     else:
         raise AssertionError(f"no x with exp(x) == {target} in {dtype}")
     x_out = x
-    while rl._exp(x_out) == bound:
+    while fexp(x_out) == bound:
         x_out = torch.nextafter(x_out, x_out + outward)
     return x, x_out
 
@@ -374,7 +353,7 @@ def test_ratio_exactly_on_the_clip_bound_is_not_clipped(dtype, lo, hi):
     adv2 = torch.tensor([[1.0, -1.0]], dtype=dtype)
     rl.surrogate_loss(logp, torch.zeros_like(logp), adv2, torch.ones(1, 2, dtype=torch.bool),
                       lo, hi).backward()
-    r = rl._exp(logp.detach())
+    r = fexp(logp.detach())
     assert torch.equal(logp.grad, -(adv2 * r) / 2)
 
 
@@ -874,5 +853,7 @@ def test_policy_config_and_forward_reject_bad_values():
     policy = _policy()
     with pytest.raises(ValueError, match="valid choices: fp32, bf16, fp16"):
         policy(torch.tensor([0]), torch.tensor([0]), torch.tensor([0]), "float8")
+    with pytest.raises(TypeError, match="seed must be an integer"):
+        rl.Policy(SMALL, torch.Generator())
     with pytest.raises(ValueError, match="group_size must be an integer >= 2"):
         rl.Engine(policy, "bf16").generate(1, torch.Generator())

@@ -224,7 +224,7 @@ SMALL = rl.PolicyConfig(n_prompts=2, max_len=5, vocab=16, width=8, hidden=8, dep
 
 
 def test_gradient_report_is_nan_where_every_advantage_is_zero():
-    policy = rl.Policy(SMALL, torch.Generator().manual_seed(0))
+    policy = rl.Policy(SMALL, seed=0)
     ro = rl.Engine(policy, "bf16").generate(4, torch.Generator().manual_seed(1))
     tokens = ro.tokens.clone()
     tokens[:, 0] = rl.EOS  # every completion stops at once: equal rewards, A = 0

@@ -142,29 +142,6 @@ def _precision(fmt, backend: str) -> Precision:
     return Precision(_network_format(fmt), backend=backend)
 
 
-def _normal(gen: torch.Generator, shape) -> torch.Tensor:
-    """i.i.d. N(0, 1) in float64 by Marsaglia's polar method: z = u sqrt(-2 ln s / s), s = u^2 + v^2 < 1.
-
-    Built from torch's float64 uniforms (integer bits times 2^-53) and +, -, *, /, sqrt and
-    emulate.log64, so the draws are the same bits on every CPU. (torch.randn is not: its
-    float32 Box-Muller kernel changes with the instruction set.)
-    """
-    shape = tuple(int(n) for n in shape)
-    need = math.prod(shape)
-    pairs = (need + 1) // 2
-    accepted: list[torch.Tensor] = []
-    have = 0
-    while have < pairs:
-        draw = (pairs - have) * 4 // 3 + 16
-        uv = 2.0 * torch.rand(draw, 2, generator=gen, dtype=torch.float64) - 1.0
-        s = uv[:, 0] * uv[:, 0] + uv[:, 1] * uv[:, 1]
-        ok = (s > 0) & (s < 1)
-        uv, s = uv[ok], s[ok]
-        accepted.append(uv * torch.sqrt(-2.0 * log64(s) / s).unsqueeze(1))
-        have += int(ok.sum())
-    return torch.cat(accepted).reshape(-1)[:need].reshape(shape)
-
-
 def _orthonormal_columns(a: torch.Tensor) -> torch.Tensor:
     """Modified Gram-Schmidt on each (n, n) matrix of a (float64), dot products by fixed_sum.
 
@@ -187,8 +164,8 @@ def _orthonormal_columns(a: torch.Tensor) -> torch.Tensor:
 def _initial_draws(depth: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(Q, z): depth Haar-orthogonal (width, width) matrices and N(0, 1) bias draws, float64."""
     gen = torch.Generator().manual_seed(int(seed))
-    q = _orthonormal_columns(_normal(gen, (depth, width, width)))
-    return q, _normal(gen, (depth, width))
+    q = _orthonormal_columns(emulate.randn(depth, width, width, generator=gen, dtype=torch.float64))
+    return q, emulate.randn(depth, width, generator=gen, dtype=torch.float64)
 
 
 class AttenuatingNet(torch.nn.Module):
@@ -237,8 +214,8 @@ def make_batch(width: int = 64, batch: int = 16, fmt="float32", seed: int = 0):
     """(x, t): inputs and regression targets with i.i.d. N(0, 1) entries, rounded to fmt (float32 tensors)."""
     prec = Precision(_network_format(fmt))
     gen = torch.Generator().manual_seed(int(seed) + 10_000)  # independent of the weights' stream
-    x = _normal(gen, (int(batch), int(width)))
-    t = _normal(gen, (int(batch), int(width)))
+    x = emulate.randn(int(batch), int(width), generator=gen, dtype=torch.float64)
+    t = emulate.randn(int(batch), int(width), generator=gen, dtype=torch.float64)
     return prec.round(x), prec.round(t)
 
 

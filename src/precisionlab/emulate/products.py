@@ -1,0 +1,96 @@
+"""Matrix products: operands in F, products and sums in the accumulator in a fixed order, one rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .kernels import gemm
+from .precision import Precision, as_precision
+from .summation import fixed_sum
+
+__all__ = ["linear", "matmul"]
+
+
+def _gemm(a: torch.Tensor, b: torch.Tensor, prec: Precision) -> torch.Tensor:
+    """a @ b in the accumulator, sequential over k; result in the accumulator's dtype."""
+    dt = np.float64 if prec.accumulate == "float64" else np.float32
+    an = np.ascontiguousarray(a.detach().cpu().numpy(), dtype=dt)
+    bn = np.ascontiguousarray(b.detach().cpu().numpy(), dtype=dt)
+    out = np.empty((an.shape[0], bn.shape[1]), dtype=dt)
+    if an.shape[1] == 0:
+        out[:] = 0
+    else:
+        gemm(an, bn, out)
+    return torch.from_numpy(out)
+
+
+class _MatMul(torch.autograd.Function):
+    """C = fl_F(fl_F(A) fl_F(B)); dA = fl_F(fl_F(dC) B^T), dB = fl_F(A^T fl_F(dC))."""
+
+    @staticmethod
+    def forward(ctx, a, b, prec):
+        ar, br = prec.round(a), prec.round(b)
+        ctx.save_for_backward(ar, br)
+        ctx.prec = prec
+        return prec.round(_gemm(ar, br, prec))
+
+    @staticmethod
+    def backward(ctx, g):
+        ar, br = ctx.saved_tensors
+        prec = ctx.prec
+        g = prec.round(g)
+        ga = prec.round(_gemm(g, br.T, prec)) if ctx.needs_input_grad[0] else None
+        gb = prec.round(_gemm(ar.T, g, prec)) if ctx.needs_input_grad[1] else None
+        return ga, gb, None
+
+
+class _Linear(torch.autograd.Function):
+    """y = fl_F(acc(fl_F(x) fl_F(W)^T) + b): the bias joins the accumulator before the one rounding."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, prec):
+        xr, wr = prec.round(x), prec.round(w)
+        acc = _gemm(xr, wr.T, prec)
+        if b is not None:
+            acc = acc + prec.round(b).to(acc.dtype)
+        ctx.save_for_backward(xr, wr)
+        ctx.prec, ctx.has_bias = prec, b is not None
+        return prec.round(acc)
+
+    @staticmethod
+    def backward(ctx, g):
+        xr, wr = ctx.saved_tensors
+        prec = ctx.prec
+        g = prec.round(g)
+        gx = prec.round(_gemm(g, wr, prec)) if ctx.needs_input_grad[0] else None
+        gw = prec.round(_gemm(g.T, xr, prec)) if ctx.needs_input_grad[1] else None
+        gb = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = prec.round(fixed_sum(g.to(torch.float64), 0))
+        return gx, gw, gb, None
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, prec="float32") -> torch.Tensor:
+    """A @ B for A (M, K), B (K, N): operands and result in F, sequential accumulation over k."""
+    prec = as_precision(prec)
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul needs (M, K) @ (K, N); got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if prec.native:
+        return (a.to(prec.dtype) @ b.to(prec.dtype)).to(prec.container)
+    return _MatMul.apply(a, b, prec)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+           prec="float32") -> torch.Tensor:
+    """x W^T + b for x (..., K), W (N, K), b (N,): accumulated in the accumulator, rounded once to F."""
+    prec = as_precision(prec)
+    if x.shape[-1] != w.shape[-1] or w.dim() != 2:
+        raise ValueError(f"linear needs x (..., K) and W (N, K); got {tuple(x.shape)} and {tuple(w.shape)}")
+    if prec.native:
+        dt = prec.dtype
+        return torch.nn.functional.linear(x.to(dt), w.to(dt), None if b is None else b.to(dt)).to(
+            prec.container)
+    lead = x.shape[:-1]
+    y = _Linear.apply(x.reshape(-1, x.shape[-1]), w, b, prec)
+    return y.reshape(*lead, w.shape[0])

@@ -1,0 +1,82 @@
+"""Stored runs: per-step logs of runs too long for a chapter, written by a script and replayed by the tests."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from .runs import STEP_FIELDS, RunConfig, RunLog
+
+__all__ = ["find_stored", "load_runs", "save_runs"]
+
+
+def save_runs(path, logs: Mapping[int, Mapping[str, RunLog]], meta: Mapping) -> None:
+    """Write runs to `path` (.json: meta, configs; beside it .npz: every STEP_FIELDS array, exact float64)."""
+    # logs: seed -> run name -> RunLog, every seed with the same run names and configs.
+    path = Path(path)
+    seeds = sorted(logs)
+    names = list(logs[seeds[0]])
+    # One (fields, steps) float64 array per seed and run.
+    arrays = {f"{seed}.{name}": np.stack(list(logs[seed][name].arrays().values()))
+              for seed in seeds for name in names}
+    np.savez_compressed(path.with_suffix(".npz"), **arrays)
+    doc = {**meta, "seeds": seeds, "fields": list(STEP_FIELDS),
+           "runs": {name: asdict(logs[seeds[0]][name].config) for name in names},
+           "arrays": path.with_suffix(".npz").name}
+    path.write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")
+
+
+def load_runs(path) -> tuple[dict, dict[int, dict[str, RunLog]]]:
+    """(meta, seed -> run name -> RunLog) from a file written by `save_runs` (no policies kept)."""
+    path = Path(path)
+    meta = json.loads(path.read_text())
+    with np.load(path.parent / meta["arrays"]) as z:
+        arrays = {k: z[k] for k in z.files}
+    logs: dict[int, dict[str, RunLog]] = {}
+    for seed in meta["seeds"]:
+        logs[seed] = {}
+        for name, cfg in meta["runs"].items():
+            fields = dict(zip(meta["fields"], arrays[f"{seed}.{name}"], strict=True))
+            logs[seed][name] = RunLog(config=RunConfig(**cfg), **fields)
+    return meta, logs
+
+
+def find_stored(name: str, start=None):
+    """Path of data/<name> in the repository, looked for from `start` (default: the working directory) upwards."""
+    # Where the repository is absent (e.g. on Colab, where only the package was installed from
+    # git), pip's record of the install (direct_url.json) says where it came from: a local
+    # clone's data/ is used as it is; from GitHub, the file and its .npz are downloaded at the
+    # recorded commit into a temporary directory.
+    here = Path(start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "data" / name).is_file():
+            return d / "data" / name
+    try:
+        origin = json.loads(metadata.distribution("precisionlab").read_text("direct_url.json"))
+    except (metadata.PackageNotFoundError, TypeError, ValueError):
+        origin = {}
+    url, commit = origin.get("url", ""), origin.get("vcs_info", {}).get("commit_id")
+    if url.startswith("file://"):  # installed from a local clone: its data/ folder
+        local = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)) / "data" / name
+        if local.is_file():
+            return local
+    if not (url.startswith("https://github.com/") and commit):
+        raise FileNotFoundError(f"data/{name} not found above {here}, and precisionlab was not "
+                                f"installed from a GitHub repository; run the script that makes it "
+                                f"(scripts/rl_source_regime.py for the chapter 6 runs)")
+    raw = url.removesuffix(".git").replace("https://github.com/",
+                                           "https://raw.githubusercontent.com/")
+    out = Path(tempfile.gettempdir()) / "precisionlab-data" / commit
+    out.mkdir(parents=True, exist_ok=True)
+    for file in (name, str(Path(name).with_suffix(".npz"))):
+        if not (out / file).is_file():
+            urllib.request.urlretrieve(f"{raw}/{commit}/data/{file}", out / file)
+    return out / name

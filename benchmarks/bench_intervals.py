@@ -113,8 +113,8 @@ def measure(kind: str, data, kernel: iv.Kernel, args) -> tuple[str, bool]:
         (x,) = data
         terms = x
 
-        def run(k, r):
-            return iv.sum_(x, k, r)
+        def run(k, seed):
+            return iv.sum_(x, k, seed=seed)
 
         def bound(rule):
             return iv.sum_(iv.point(x, rule), kernel)
@@ -125,20 +125,20 @@ def measure(kind: str, data, kernel: iv.Kernel, args) -> tuple[str, bool]:
         a, b = data
         terms = (a[:, None, :] * b.T[None, :, :]).reshape(-1, a.shape[1])
 
-        def run(k, r):
-            return iv.matmul(a, b, k, r)
+        def run(k, seed):
+            return iv.matmul(a, b, k, seed=seed)
 
         def bound(rule):
             return iv.matmul(iv.point(a, rule), b, kernel)
 
         def native():
             return a @ b
-    first = run(kernel, np.random.default_rng(0))
+    first = run(kernel, 0)
     exact = np.array([math.fsum(t) for t in terms]).reshape(first.shape)
     s, o = bound("structure"), bound("oblivious")
-    runs_k = [run(kernel, np.random.default_rng(i))
+    runs_k = [run(kernel, i)
               for i in range(args.runs if kernel.order == "atomic" else 1)]
-    runs_any = runs_k + [run(kk, np.random.default_rng(i)) for i in range(max(1, args.runs // 10))
+    runs_any = runs_k + [run(kk, i) for i in range(max(1, args.runs // 10))
                          for kk in same_formats(kernel)]
     err_k = max(float(np.max(np.abs(r - exact))) for r in runs_k)
     err_any = max(float(np.max(np.abs(r - exact))) for r in runs_any)
@@ -153,7 +153,7 @@ def measure(kind: str, data, kernel: iv.Kernel, args) -> tuple[str, bool]:
         iv_widths.append(float(enc.b - enc.a) / 2)
         iv_holds &= all(enc.a <= float(r[j]) <= enc.b for r in flat_runs)
     t_bound = median_time(lambda: bound("structure"), args.repeats)
-    t_run = median_time(lambda: run(kernel, np.random.default_rng(0)), args.repeats)
+    t_run = median_time(lambda: run(kernel, 0), args.repeats)
     t_native = median_time(native, args.repeats)
     hs, ho = float(np.max(s.width)) / 2, float(np.max(o.width)) / 2
     row = (f"{hs:>10.3g} {err_k:>10.3g} {ho:>10.3g} {err_any:>10.3g} {ho / hs:>6.3g} "

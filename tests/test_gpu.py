@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import zlib
@@ -154,9 +153,8 @@ def test_every_order_equals_exact_rational_reference(order, fmt, mode):
     # zlib.crc32, not hash(): str hashes change per process, so a failure could not be replayed.
     x = spread_inputs(fmt, 6, n, seed=zlib.crc32(f"{order}/{fmt}/{mode}".encode()))
     kw = dict(block=5, splits=3, threads=64)
-    rng = np.random.default_rng(11)
-    perms = atomic_orders(6, -(-n // 5), copy.deepcopy(rng)) if order == "atomic" else None
-    got = reduce_sum(x, order, fmt, mode=mode, rng=rng, **kw)
+    perms = atomic_orders(6, -(-n // 5), seed=11) if order == "atomic" else None
+    got = reduce_sum(x, order, fmt, mode=mode, seed=11, **kw)
     want = [reference(row, order, fmt, mode, fmt, perm=None if perms is None else perms[i], **kw)
             for i, row in enumerate(x)]
     assert np.array_equal(got, want), (got, want)
@@ -166,9 +164,8 @@ def test_every_order_equals_exact_rational_reference(order, fmt, mode):
 def test_single_element_blocks_and_one_block(order):
     x = spread_inputs("float16", 4, 19, seed=1)
     for block in (1, 19, 64):
-        rng = np.random.default_rng(block)
-        perms = atomic_orders(4, -(-19 // block), copy.deepcopy(rng))
-        got = reduce_sum(x, order, "float16", block=block, rng=rng)
+        perms = atomic_orders(4, -(-19 // block), seed=block)
+        got = reduce_sum(x, order, "float16", block=block, seed=block)
         want = [reference(r, order, "float16", "nearest_even", "float16", block=block, perm=p)
                 for r, p in zip(x, perms, strict=True)]
         assert np.array_equal(got, want)
@@ -186,9 +183,8 @@ def test_split_k_partials_rounded_to_workspace_format():
 @pytest.mark.parametrize("order", ORDERS)
 def test_output_format_is_a_final_rounding(order):
     x = spread_inputs("float32", 5, 40, seed=3)
-    rng = np.random.default_rng(4)
-    perms = atomic_orders(5, 8, copy.deepcopy(rng))
-    got = reduce_sum(x, order, "float32", "float16", rng=rng, block=5, splits=3, threads=32)
+    perms = atomic_orders(5, 8, seed=4)
+    got = reduce_sum(x, order, "float32", "float16", seed=4, block=5, splits=3, threads=32)
     want = [reference(r, order, "float32", "nearest_even", "float16", block=5, splits=3,
                       threads=32, perm=p) for r, p in zip(x, perms, strict=True)]
     assert np.array_equal(got, want)
@@ -270,16 +266,16 @@ def test_error_within_the_recursive_summation_bound(values, order, fmt):
     assert abs(Fraction(got) - exact) <= Fraction(gamma) * sum(abs(Fraction(v)) for v in x)
 
 
-def test_deterministic_orders_ignore_the_rng_and_atomics_do_not():
+def test_deterministic_orders_ignore_the_seed_and_atomics_do_not():
     x = np.abs(spread_inputs("float16", 1, 500, seed=5)[0])
     lanes = np.broadcast_to(x, (200, x.size))
     for order in DETERMINISTIC_ORDERS:
-        a = reduce_sum(lanes, order, "float16", rng=np.random.default_rng(0))
-        b = reduce_sum(lanes, order, "float16", rng=np.random.default_rng(1))
+        a = reduce_sum(lanes, order, "float16", seed=0)
+        b = reduce_sum(lanes, order, "float16", seed=1)
         assert np.array_equal(a, b) and np.unique(a).size == 1
-    a = reduce_sum(lanes, "atomic", "float16", block=1, rng=np.random.default_rng(0))
-    b = reduce_sum(lanes, "atomic", "float16", block=1, rng=np.random.default_rng(0))
-    c = reduce_sum(lanes, "atomic", "float16", block=1, rng=np.random.default_rng(1))
+    a = reduce_sum(lanes, "atomic", "float16", block=1, seed=0)
+    b = reduce_sum(lanes, "atomic", "float16", block=1, seed=0)
+    c = reduce_sum(lanes, "atomic", "float16", block=1, seed=1)
     assert np.array_equal(a, b) and not np.array_equal(a, c) and np.unique(a).size > 5
 
 
@@ -288,13 +284,13 @@ def test_broadcast_lanes_equal_materialised_lanes():
     shared = np.broadcast_to(x, (3, 50, 97))
     full = np.array(shared)
     for order in ORDERS:
-        a = reduce_sum(shared, order, "bfloat16", rng=np.random.default_rng(2), block=4)
-        b = reduce_sum(full, order, "bfloat16", rng=np.random.default_rng(2), block=4)
+        a = reduce_sum(shared, order, "bfloat16", seed=2, block=4)
+        b = reduce_sum(full, order, "bfloat16", seed=2, block=4)
         assert a.shape == (3, 50) and np.array_equal(a, b), order
 
 
 def test_atomic_orders_are_uniform_permutations():
-    perms = atomic_orders(60_000, 4, np.random.default_rng(3))
+    perms = atomic_orders(60_000, 4, seed=3)
     assert (np.sort(perms, axis=1) == np.arange(4)).all()
     codes = perms @ np.array([64, 16, 4, 1])
     _, counts = np.unique(codes, return_counts=True)
@@ -307,7 +303,7 @@ def test_atomic_orders_are_uniform_permutations():
 def test_stochastic_mode_lands_on_a_neighbour_of_the_exact_sum():
     a, b = 1.0, 2.0**-12  # 1 + 2^-12 lies a quarter of the way from 1 to 1 + 2^-10 in float16
     x = np.broadcast_to(np.array([a, b]), (40_000, 2))
-    got = reduce_sum(x, "sequential", "float16", mode="stochastic", rng=np.random.default_rng(4))
+    got = reduce_sum(x, "sequential", "float16", mode="stochastic", seed=4)
     assert set(np.unique(got)) == {1.0, 1.0 + 2.0**-10}
     p_up = (got > 1).mean()
     assert abs(p_up - 0.25) < 5 * math.sqrt(0.25 * 0.75 / got.size)
@@ -349,8 +345,10 @@ def test_exact_sum_is_math_fsum():
 @pytest.mark.parametrize(
     "kwargs, match",
     [(dict(order="tree"), "valid choices: sequential, pairwise"),
-     (dict(order="atomic"), "rng=np.random.default_rng"),
-     (dict(mode="stochastic"), "rng=np.random.default_rng"),
+     (dict(order="atomic"), "pass seed=<int>; got seed=None"),
+     (dict(mode="stochastic"), "pass seed=<int>; got seed=None"),
+     (dict(order="atomic", seed=np.random.default_rng(0)), "seed must be an integer >= 0"),
+     (dict(order="atomic", seed=-1), "seed must be an integer >= 0"),
      (dict(mode="sideways"), "valid choices: nearest_even"),
      (dict(acc="float12"), "valid choices: float64"),
      (dict(block=0), "block must be a positive integer"),

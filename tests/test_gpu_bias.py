@@ -58,7 +58,7 @@ def test_every_add_is_booked_to_the_binade_of_its_exact_sum(fmt, seed):
     x = rng.uniform(0.05, 1.0, 40) * 2.0 ** rng.integers(-9, -3, 40)
     if seed == 2:
         x[::3] *= -1  # cancellation: sums of both signs, binades of |S + t|
-    orders = atomic_orders(7, x.size, np.random.default_rng(seed + 10))
+    orders = atomic_orders(7, x.size, seed=seed + 10)
     edges = (0.0, 0.5, 1.0, 1.5, 2.0)
     split = add_errors_by_binade(x, orders, fmt, edges)
     books, finals, load_error = _reference(x, orders, fmt, edges)
@@ -80,9 +80,9 @@ def test_every_add_is_booked_to_the_binade_of_its_exact_sum(fmt, seed):
 def test_the_split_adds_up_to_the_bias_of_reduce_sum_atomic():
     rng = np.random.default_rng(5)
     y = rng.uniform(0.1, 1.0, 128) * 2.0**-7
-    orders = atomic_orders(500, y.size, np.random.default_rng(3))
+    orders = atomic_orders(500, y.size, seed=3)
     sums = reduce_sum(np.broadcast_to(y, (500, y.size)), "atomic", "bfloat16", block=1,
-                      rng=np.random.default_rng(3))
+                      seed=3)
     split = add_errors_by_binade(y, orders, "bfloat16")
     assert np.array_equal(split.sums, sums)
     bias = float(exact_sum(np.concatenate([sums, -np.full(500, float(exact_sum(y)))]))) / 500

@@ -31,6 +31,15 @@ from hypothesis import strategies as st
 
 from precisionlab import intervals as iv
 from precisionlab.gpu import reductions as red
+from precisionlab.intervals.outward import (
+    exp_down,
+    exp_up,
+    growth,
+    log_down,
+    log_up,
+    sum_down,
+    sum_up,
+)
 from precisionlab.rounding import round_to
 
 FORMATS = ("float16", "bfloat16", "tf32", "float32")
@@ -156,8 +165,8 @@ def kernel_of(**kw) -> iv.Kernel:
 
 
 def runs(fn, seeds=(1, 2)):
-    """Outputs of a program under two draws of the atomic orders (one for deterministic kernels)."""
-    return [fn(np.random.default_rng(s)) for s in seeds]
+    """Outputs of a program under two seeds of the atomic orders (the same for deterministic kernels)."""
+    return [fn(s) for s in seeds]
 
 
 # --------------------------------------------------------------------------- soundness: sums
@@ -169,19 +178,19 @@ def runs(fn, seeds=(1, 2)):
 def test_sum_bounds_contain_exact_and_every_execution(kernel, fmt, kind, n, seed):
     lanes = 32
     x = data(np.random.default_rng(seed), (lanes, n), fmt, kind)
-    outs = runs(lambda r: iv.sum_(x, kernel, r))
+    outs = runs(lambda s: iv.sum_(x, kernel, seed=s))
     # the order-oblivious bound must hold for any order with the same formats
     others = [iv.sum_(x, kernel_of(order=o, acc=kernel.acc, mode=kernel.mode, out=kernel.out,
                                    partial=kernel.partial if o in ("split_k", "atomic") else None,
                                    combine=kernel.combine if o in ("blocked", "split_k", "atomic") else None,
-                                   block=3, splits=2, threads=32), np.random.default_rng(5))
+                                   block=3, splits=2, threads=32), seed=5)
               for o in SUM_ORDERS]
     for rule in iv.RULES:
         b = iv.sum_(iv.point(x, rule), kernel)
         assert fsum_inside(x, b.lo, b.hi).all(), (rule, kernel)
         for o in outs + (others if rule == "oblivious" else []):
             assert b.contains(o).all(), (rule, kernel, o[~b.contains(o)], b.lo[~b.contains(o)])
-        v = iv.classify(lambda v, r=rule: iv.sum_(v, kernel, np.random.default_rng(1)), outs[1], x,
+        v = iv.classify(lambda v, r=rule: iv.sum_(v, kernel, seed=1), outs[1], x,
                         rule=rule)
         assert v.verdict == "Type-I"
     PROGRAMS["count"] += lanes
@@ -192,7 +201,7 @@ def test_sum_bounds_contain_exact_and_every_execution(kernel, fmt, kind, n, seed
 
 def _check_matmul(a, b, kernel, entries):
     """Both rules' bounds contain the exact product (fsum) and every execution, at `entries`."""
-    outs = runs(lambda r: iv.matmul(a, b, kernel, r))
+    outs = runs(lambda s: iv.matmul(a, b, kernel, seed=s))
     rows, cols = entries
     terms = a[rows, :] * b[:, cols].T  # exact products of the unrounded operands
     for rule in iv.RULES:
@@ -240,12 +249,12 @@ def test_softmax_rule_contains_exact_and_computed(fmt, n, scale, seed):
     PROGRAMS["count"] += g
 
 
-def softmax_kernel(x, fmt, kernel, rng):
+def softmax_kernel(x, fmt, kernel, seed):
     """softmax from rounded pieces: z = fl(x - max), e = fl(e^z), s = kernel sum, fl(e / s)."""
     m = iv.amax(x)
     m = m.reshape(*m.shape, 1) if isinstance(m, iv.Interval) else m[..., None]
     e = iv.exp(iv.sub(x, m, fmt), fmt)
-    s = iv.sum_(e, kernel, rng)
+    s = iv.sum_(e, kernel, seed=seed)
     s = s.reshape(*s.shape, 1) if isinstance(s, iv.Interval) else s[..., None]
     return iv.div(e, s, fmt)
 
@@ -272,8 +281,8 @@ def test_softmax_kernel_from_pieces_is_bounded(kernel, fmt, n, scale, seed):
 def mlp_layers(w1, b1, w2, b2, fmt, k1, k2, seed, head):
     def lin(w, b, kernel, salt):
         def f(h):
-            r = np.random.default_rng(seed + salt) if kernel.order == "atomic" else None
-            return iv.add(iv.matmul(h, w, kernel, r), b, fmt)
+            s = seed + salt if kernel.order == "atomic" else None
+            return iv.add(iv.matmul(h, w, kernel, seed=s), b, fmt)
         return f
 
     layers = [iv.Layer("l1", lambda h: iv.relu(lin(w1, b1, k1, 1)(h))), iv.Layer("l2", lin(w2, b2, k2, 2))]
@@ -390,13 +399,13 @@ def test_tensor_core_depths_count_blocks():
 def test_outward_sums_bracket_the_exact_sum(values):
     t = np.array([values])
     exact = sum((Fraction(v) for v in values), Fraction(0))
-    assert Fraction(float(iv._sum_dn(t)[0])) <= exact <= Fraction(float(iv._sum_up(t)[0]))
+    assert Fraction(float(sum_down(t)[0])) <= exact <= Fraction(float(sum_up(t)[0]))
 
 
 @pytest.mark.parametrize("u", [2.0**-11, 2.0**-8, 2.0**-24, 2.0**-14, 3.5 * 2.0**-23])
 def test_growth_is_an_upper_bound(u):
     d = np.array([0, 1, 2, 5, 31, 100, 1000])
-    g = iv._growth(u, d)
+    g = growth(u, d)
     for di, gi in zip(d, g, strict=True):
         assert Fraction(gi) >= (1 + Fraction(u)) ** int(di) - 1
     assert g[0] == 0 or g[0] < 1e-300
@@ -405,13 +414,13 @@ def test_growth_is_an_upper_bound(u):
 def test_exp64_and_log64_are_within_the_assumed_error():
     rng = np.random.default_rng(0)
     xs = np.concatenate([rng.uniform(-40, 40, 300), rng.uniform(-745, 709, 200), [0.0, 1e-300, -1e-12]])
-    lo, hi = iv._exp_dn(xs), iv._exp_up(xs)
+    lo, hi = exp_down(xs), exp_up(xs)
     with mpmath.workprec(120):
         for x, a, b in zip(xs, lo, hi, strict=True):
             e = mpmath.exp(mpmath.mpf(float(x)))
             assert mpmath.mpf(float(a)) <= e <= mpmath.mpf(float(b)), x
     ys = np.concatenate([rng.uniform(1e-3, 1e3, 300), [1.0, 1 + 2.0**-40, 1 - 2.0**-40, 1e-300, 1e300]])
-    lo, hi = iv._log_dn(ys), iv._log_up(ys)
+    lo, hi = log_down(ys), log_up(ys)
     with mpmath.workprec(120):
         for y, a, b in zip(ys, lo, hi, strict=True):
             e = mpmath.log(mpmath.mpf(float(y)))
@@ -595,8 +604,10 @@ def test_bad_calls_raise_value_errors():
         iv.point(x, "loose")
     with pytest.raises(ValueError, match="lower bounds"):
         iv.Interval([2.0], [1.0])
-    with pytest.raises(ValueError, match="rng"):
+    with pytest.raises(ValueError, match="seed"):
         iv.sum_(x, iv.Kernel("atomic"))
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        iv.sum_(x, iv.Kernel("atomic"), seed=np.random.default_rng(0))
     with pytest.raises(ValueError, match="start"):
         iv.classify([lambda v: v], x, x, start=3)
     with pytest.raises(ValueError, match="ulps"):

@@ -284,7 +284,7 @@ def members(box: iv.Interval, rng) -> list[np.ndarray]:
 
 
 def _sum(kernel):
-    return lambda v: iv.sum_(v, kernel, np.random.default_rng(0))
+    return lambda v: iv.sum_(v, kernel, seed=0)
 
 
 UNARY = {

@@ -1,12 +1,12 @@
-"""Tests for precisionlab.policy: device-type selection, the fp16-needs-CUDA rule, and the weight
-policy comparison, checked against torch's own behaviour (autocast, dtype errors, float64 JVPs)."""
+"""Tests for precisionlab.mixed_precision (the precision policy): device-type selection, the
+fp16-needs-CUDA rule, and the weight policy comparison, checked against torch's own behaviour (autocast, dtype errors, float64 JVPs)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from precisionlab.policy import (
+from precisionlab.mixed_precision import (
     DEVICE_TYPES,
     PRECISIONS,
     WEIGHT_POLICIES,
@@ -164,8 +164,20 @@ def test_fp16_without_cuda_is_refused_with_the_valid_choices(device):
 
 
 def test_unknown_precision_is_named():
-    with pytest.raises(ValueError, match="unknown precision 'fp8'; valid choices: fp32, bf16, fp16"):
+    with pytest.raises(ValueError, match="unknown precision 'fp8'; valid choices: fp32, bf16, fp16 "
+                                         r"\(aliases: bfloat16, float16, float32, half, single\)"):
         precision_policy("fp8", "cuda")
+    for bad in ("tf32", "float64", "fp8_e4m3", 16):
+        with pytest.raises(ValueError, match="unknown precision"):
+            precision_policy(bad, "cpu")
+
+
+@pytest.mark.parametrize("name, key", [
+    ("FP32", "fp32"), ("single", "fp32"), ("BFloat16", "bf16"), ("half", "fp16"),
+    (torch.float16, "fp16"), (torch.bfloat16, "bf16"), (torch.float32, "fp32"),
+])
+def test_precision_names_come_from_the_format_table(name, key):
+    assert precision_policy(name, "cuda", capability=(8, 0)).precision == key
 
 
 def test_policy_autocast_context_matches_torch_autocast():
@@ -272,7 +284,7 @@ def test_emulated_policies_agree_with_torchs_kernels():
 
 def test_emulated_block_float64_matches_torch_float64_and_its_jvp():
     from precisionlab import emulate
-    from precisionlab.policy import _emulated_block, _reference
+    from precisionlab.mixed_precision import _emulated_block, _reference
 
     block = make_block(seed=2)
     g = torch.Generator().manual_seed(0)

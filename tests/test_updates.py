@@ -366,7 +366,10 @@ def test_repeated_update_nearest_stalls_and_stochastic_keeps_the_mean():
     w = np.ones(2000)
     near = repeated_update(w, 1e-4, 500, "bfloat16")
     assert (near == 1.0).all()  # 1e-4 is far below half an ulp (2^-8) of 1.0
-    sr = repeated_update(w, 1e-4, 500, "bfloat16", "stochastic", np.random.default_rng(0))
+    sr = repeated_update(w, 1e-4, 500, "bfloat16", "stochastic", seed=0)
+    assert np.array_equal(sr, repeated_update(w, 1e-4, 500, "bfloat16", "stochastic", seed=0))
+    with pytest.raises(ValueError, match="pass seed"):
+        repeated_update(w, 1e-4, 5, "bfloat16", "stochastic")
     # Exact mean 1.05; each step's rounding noise has sd <= ulp/2 ~ 0.004, so the mean of
     # 2000 walks of 500 steps has sd below 0.004·sqrt(500/2000) = 0.002.
     assert abs(sr.mean() - 1.05) < 0.01

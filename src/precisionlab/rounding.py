@@ -11,13 +11,13 @@ Two back ends give bit-identical answers:
   is why this recipe is exact. It covers everything the libraries lack (tf32, nearest-away,
   directed and stochastic modes, float64 inputs without double rounding, non-saturating
   e4m3fn, saturating IEEE formats). The recipe runs in three tiers that differ only in
-  speed: Python ints for a handful of values, whole-array NumPy operations, and a fused
-  numba loop (parallel on long arrays when torch may use several threads). A numba variant
-  is compiled only after NumPy has done enough work for it to repay the compile (0.3-1 s
-  cold, less from numba's on-disk cache), so importing this module and rounding small
-  arrays never waits for a compiler. Every element is rounded on its own and stochastic
-  mode draws element i from SplitMix64(seed + i), so results do not depend on the tier,
-  the thread count or the CPU.
+  speed, chosen by the input's length alone: Python ints for a handful of values,
+  whole-array NumPy operations below 4096 values, and a fused numba loop from 4096 values on
+  (parallel on arrays of 2^16 or more when torch may use several threads). So importing this
+  module and rounding short arrays never waits for a compiler (0.3-1 s cold, less from
+  numba's on-disk cache), and the tier a call takes never depends on earlier calls. Every element is rounded on its
+  own and stochastic mode draws element i from SplitMix64(seed + i), so results do not
+  depend on the tier, the thread count or the CPU.
 
 `backend="auto"` uses the native cast for float16/float32 targets and the kernel elsewhere,
 because a round trip through torch's bfloat16/fp8 dtypes measured slower than the kernel's
@@ -46,12 +46,13 @@ __all__ = [
     "MODES",
     "BitFields",
     "RoundingTrace",
-    "decompose",
     "check_mode",
+    "decompose",
     "next_down",
     "next_up",
     "round_to",
     "rounding_trace",
+    "seed_generator",
     "ulp",
 ]
 
@@ -64,6 +65,14 @@ BACKENDS = ("auto", "native", "emulated")
 def check_mode(mode: str, stochastic: bool = False) -> str:
     """mode if it is a rounding mode (stochastic only where allowed), else ValueError naming them."""
     return check_choice(mode, "rounding mode", MODES if stochastic else DETERMINISTIC_MODES)
+
+
+def seed_generator(seed, name: str = "seed") -> np.random.Generator:
+    """np.random.default_rng(seed) for an integer seed >= 0, else ValueError naming the parameter."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"{name} must be an integer >= 0 (the seed of np.random.default_rng); "
+                         f"got {name}={seed!r}")
+    return np.random.default_rng(int(seed))
 
 
 @dataclass(frozen=True)
@@ -202,16 +211,17 @@ def _twin(fn, name: str, **replace_globals):
     return twin
 
 
-# numba is a second tier. A cold compile costs about 0.3-1 s per kernel variant (loading one
-# from numba's on-disk cache about 0.1-0.3 s), more than NumPy spends on the rounding most
-# chapters do, so each variant starts on the NumPy path and is compiled only once NumPy's
-# estimated cost for it (per call plus per element, a deterministic count, not a clock)
-# passes what a compile would cost. Both tiers give the same bits; only speed differs.
-_COMPILE_AFTER_S = 0.25
+# The tier is a function of the input's length (all tiers give the same bits; only speed
+# differs). numba is the third tier: a cold compile costs about 0.3-1 s per kernel variant
+# (the first load from numba's on-disk cache in a process about 0.6 s, later variants
+# 10-30 ms), while NumPy rounds about 15 ns per value plus 20 us per call and numba is
+# 20-40x faster per value. Programs that round arrays of thousands of values do it
+# thousands of times (chapter 6's training rounds 4k-64k values some 50,000 times: 18 s on
+# NumPy, 3 s on numba, measured on a busy two-core machine), so from 4096 values on numba
+# takes over; the many short roundings of the other chapters (a few dozen values per call)
+# stay on NumPy.
 _PYTHON_MAX_SIZE = 4  # up to this many values, plain Python ints beat both array tiers
-_NUMPY_COST_PER_CALL_S = 20e-6
-_NUMPY_COST_PER_ELEMENT_S = 20e-9
-_numpy_cost_s: dict[tuple[bool, bool, bool, int], float] = {}  # spent so far, per variant
+_NUMBA_MIN_SIZE = 1 << 12
 # Threads pay off only on long arrays: waking them costs milliseconds on a busy machine,
 # far more than rounding a few thousand values, so shorter inputs take the serial build.
 _PARALLEL_MIN_SIZE = 1 << 16
@@ -222,7 +232,7 @@ def _numba_kernel(stochastic: bool, uniform: bool, parallel: bool):
     """The numba build of one loop variant, compiled or loaded from numba's cache on first use."""
     key = (stochastic, uniform, parallel)
     if key not in _KERNELS:
-        import numba  # imported here so that small inputs never pay for numba
+        import numba  # deferred: only arrays of 4096+ values need it (0.7 s to import)
 
         inline = numba.njit(inline="always")
         jitted: dict[str, Any] = {}
@@ -319,7 +329,7 @@ def _numpy_words(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_b
 
 
 def _mode_code(mode: str) -> int:
-    return MODES.index(check_choice(mode, "rounding mode", MODES))
+    return MODES.index(check_mode(mode, stochastic=True))
 
 
 def _to_numpy(x):
@@ -410,17 +420,15 @@ def _emulate(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, rng, s
     if a.size <= _PYTHON_MAX_SIZE:
         _python_words(src, dst, params, code, seed, uniform)
         return
+    if a.size < _NUMBA_MIN_SIZE:
+        _numpy_words(src, dst, *params, code, seed, uniform)
+        return
     # Follow torch's thread setting: one thread there means serial here too. numba's OpenMP
     # layer resets the process-wide OpenMP thread count, which torch shares, so it is put back.
     torch_threads = torch.get_num_threads()
     parallel = a.size >= _PARALLEL_MIN_SIZE and torch_threads > 1
-    variant = (code == _STOCHASTIC, uniform, parallel, c.width)
-    spent = _numpy_cost_s.get(variant, 0.0)
-    if spent < _COMPILE_AFTER_S:
-        _numpy_cost_s[variant] = spent + _NUMPY_COST_PER_CALL_S + a.size * _NUMPY_COST_PER_ELEMENT_S
-        _numpy_words(src, dst, *params, code, seed, uniform)
-        return
-    _numba_kernel(*variant[:3])(src, dst, *params, seed if code == _STOCHASTIC else code)
+    kernel = _numba_kernel(code == _STOCHASTIC, uniform, parallel)
+    kernel(src, dst, *params, seed if code == _STOCHASTIC else code)
     if parallel and torch.get_num_threads() != torch_threads:
         torch.set_num_threads(torch_threads)
 

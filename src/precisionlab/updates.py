@@ -13,10 +13,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .checks import check_choice
 from .formats import FloatFormat, get_format
-from .rounding import DETERMINISTIC_MODES, round_to, ulp
+from .rounding import DETERMINISTIC_MODES, check_mode, round_to, seed_generator, ulp
 
 __all__ = [
     "DETERMINISTIC_MODES",
@@ -41,10 +42,6 @@ _MAX_EXACT_STEPS = 2**53  # step counts are carried in float64 while they are co
 
 
 # --------------------------------------------------------------------------- input checks
-
-
-def _check_mode(mode: str) -> str:
-    return check_choice(mode, "deterministic rounding mode", DETERMINISTIC_MODES)
 
 
 def _check_narrow(fmt) -> FloatFormat:
@@ -182,7 +179,7 @@ def boundary_distance(w, dw, fmt="bfloat16", mode: str = "nearest_even"):
     values w, the rounded D otherwise).
     """
     fmt = _check_narrow(fmt)
-    _check_mode(mode)
+    check_mode(mode)
     bd = _boundary(w, dw, fmt, mode)
     out = np.where(bd.never, np.inf, bd.d_hi + bd.d_lo)
     return float(out) if out.ndim == 0 else out
@@ -194,7 +191,7 @@ def swallowed(w, dw, fmt="bfloat16", mode: str = "nearest_even"):
     For a weight already stored in fmt, fl(w) = w: True means the update is lost entirely.
     """
     fmt = _check_narrow(fmt)
-    _check_mode(mode)
+    check_mode(mode)
     bd = _boundary(w, dw, fmt, mode)
     # One step crosses iff s > D (or s >= D when reaching the boundary suffices).
     zero = np.zeros_like(bd.s)
@@ -215,7 +212,7 @@ def steps_to_cross(w, lr, fmt="bfloat16", mode: str = "nearest_even"):
     int64 array (or int for scalar input).
     """
     fmt = _check_narrow(fmt)
-    _check_mode(mode)
+    check_mode(mode)
     bd = _boundary(w, lr, fmt, mode)
     if bd.never.any():
         i = np.flatnonzero(bd.never.ravel())[0]
@@ -264,9 +261,7 @@ def steps_to_cross_estimate(w, lr, fmt="bfloat16"):
 
 
 def _check_master(master: str) -> np.dtype:
-    if master not in MASTER_DTYPES:
-        raise ValueError(f"unknown master dtype {master!r}; valid choices: {', '.join(MASTER_DTYPES)}")
-    return np.dtype(master)
+    return np.dtype(check_choice(master, "master dtype", MASTER_DTYPES))
 
 
 def simulate_crossing(w, lr, max_steps: int, fmt="bfloat16", mode: str = "nearest_even",
@@ -280,7 +275,7 @@ def simulate_crossing(w, lr, max_steps: int, fmt="bfloat16", mode: str = "neares
     weights still unchanged. `progress` shows a tqdm bar (default: only for long runs).
     """
     fmt = _check_narrow(fmt)
-    _check_mode(mode)
+    check_mode(mode)
     dt = _check_master(master)
     if int(max_steps) != max_steps or max_steps < 1:
         raise ValueError(f"max_steps must be a positive integer; got max_steps={max_steps!r}")
@@ -298,8 +293,6 @@ def simulate_crossing(w, lr, max_steps: int, fmt="bfloat16", mode: str = "neares
         progress = (max_steps / block) * 1e-4 + max_steps * cur.size * 2e-8 > 2.0
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=max_steps, desc="simulating updates", leave=False)
     done = 0
     while done < max_steps and live.size:
@@ -326,7 +319,7 @@ def crossing_trajectory(w: float, lr: float, steps: int, fmt="bfloat16",
                         mode: str = "nearest_even", master: str = "float32"):
     """(k, master w_k, fl(w_k)) for k = 0..steps, with w_k = master(w_{k-1} + lr): for plots."""
     fmt = _check_narrow(fmt)
-    _check_mode(mode)
+    check_mode(mode)
     dt = _check_master(master)
     w0 = float(_finite_array(w, "w"))
     lr0 = float(_finite_array(lr, "lr"))
@@ -340,22 +333,27 @@ def crossing_trajectory(w: float, lr: float, steps: int, fmt="bfloat16",
     return np.arange(int(steps) + 1), vals.astype(np.float64), copy
 
 
-def repeated_update(w, dw, steps: int, fmt="bfloat16", mode: str = "nearest_even",
-                    rng: np.random.Generator | None = None):
+def repeated_update(w, dw, steps: int, fmt="bfloat16", mode: str = "nearest_even", *,
+                    seed: int | None = None):
     """w_k = fl(fl32(w_{k-1} + dw)) for k = 1..steps, w_0 = fl(w): weights stored in fmt; returns w_steps.
 
     The sum is formed in float32 and then rounded into fmt, as torch's CPU kernels for
     bfloat16 and float16 do (for fmt = float64 it is formed in float64). mode may be
-    "stochastic" (pass `rng`); the starting values are rounded to nearest.
+    "stochastic" (pass `seed`: every step draws, in turn, from np.random.default_rng(seed));
+    the starting values are rounded to nearest.
     """
     fmt = get_format(fmt)
+    check_mode(mode, stochastic=True)
+    if mode == "stochastic" and seed is None:
+        raise ValueError("stochastic rounding draws random bits: pass seed=<int>; got seed=None")
+    gen = None if seed is None else seed_generator(seed)
     start_mode = "nearest_even" if mode == "stochastic" else mode
     w = np.asarray(round_to(_finite_array(w, "w"), fmt, start_mode), dtype=np.float64)
     dw = np.broadcast_to(_finite_array(dw, "dw"), w.shape)
     carrier = np.float64 if fmt.name == "float64" else np.float32
     wc, dwc = w.astype(carrier), dw.astype(carrier)
     for _ in range(int(steps)):
-        wc = round_to(wc + dwc, fmt, mode, rng)
+        wc = round_to(wc + dwc, fmt, mode, gen)
     return wc.astype(np.float64)
 
 
@@ -408,10 +406,8 @@ def train_master_vs_lowprec(steps: int = 300, lr: float = 0.05, optimizer: str =
     """
     fmt = get_format(fmt)
     for p in policies:
-        if p not in POLICIES:
-            raise ValueError(f"unknown policy {p!r}; valid choices: {', '.join(POLICIES)}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
+        check_choice(p, "policy", POLICIES)
+    check_choice(optimizer, "optimizer", OPTIMIZERS)
     x, y, w_init = _least_squares_problem(n, d, seed)
     x_cols = np.ascontiguousarray(x.T).T  # column j contiguous: X w sums columns in order
     runs = {}

@@ -9,12 +9,17 @@ Submodules, one concept each:
 * `profiles`: named device settings (fp32 CUDA cores, tf32/bf16/fp16 tensor cores, fp8);
 * `matmul`: matrix products under a profile (idealised: every add rounded once);
 * `tensorcore`: the bit-level block fused multiply-add measured by Fasi et al. (2021);
-* `solvers`: a small iterative solver whose matmuls run under a profile.
+* `solvers`: a small iterative solver whose matmuls run under a profile;
+* `kernel`: `Kernel`, one description of how a sum or matmul is executed (order, tiles, the
+  format of every stage), validated field by field, and `run_sum` / `run_matmul` to run it;
+* `leaf_depths`: the roundings on each summand's path through a kernel's summation tree.
 """
 
-from .arith import RoundedAdder, rounded_add
+from .arith import RoundedAdder, as_float64, round_float64, rounded_add
 from .bias import BinadeSplit, add_errors_by_binade
 from .decisions import boundary_terms, decision_margin, flip_probability
+from .kernel import KERNEL_ORDERS, Kernel, promote, run_matmul, run_sum
+from .leaf_depths import leaf_depths
 from .matmul import matmul, round_operands
 from .profiles import PROFILE_NAMES, PROFILES, DeviceProfile, describe, get_profile
 from .reductions import DETERMINISTIC_ORDERS, ORDERS, atomic_orders, exact_sum, reduce_sum
@@ -30,6 +35,7 @@ from .tensorcore import (
 
 __all__ = [
     "DETERMINISTIC_ORDERS",
+    "KERNEL_ORDERS",
     "OPERAND_FEEDS",
     "ORDERS",
     "PROFILES",
@@ -37,10 +43,12 @@ __all__ = [
     "TENSOR_CORE_MODELS",
     "BinadeSplit",
     "DeviceProfile",
+    "Kernel",
     "RoundedAdder",
     "SolveResult",
     "TensorCoreModel",
     "add_errors_by_binade",
+    "as_float64",
     "atomic_orders",
     "block_fma",
     "boundary_terms",
@@ -52,9 +60,14 @@ __all__ = [
     "get_tensor_core_model",
     "iterations_to_reach",
     "jacobi_solve",
+    "leaf_depths",
     "matmul",
+    "promote",
     "reduce_sum",
+    "round_float64",
     "round_operands",
     "rounded_add",
+    "run_matmul",
+    "run_sum",
     "tensor_core_matmul",
 ]

@@ -19,12 +19,13 @@ computes the machine sum in a wider *container* float and hands it to
 from __future__ import annotations
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from ..checks import check_choice
 from ..formats import FloatFormat, get_format
-from ..rounding import MODES, round_to
+from ..rounding import check_mode, round_to, seed_generator
 
-__all__ = ["RoundedAdder", "progress", "round_to_odd", "rounded_add", "two_sum"]
+__all__ = ["RoundedAdder", "as_float64", "progress", "round_float64", "round_to_odd", "rounded_add",
+           "two_sum"]
 
 # About this many simulated adds take a few seconds on two cores: beyond it, show a bar.
 PROGRESS_WORK = 200_000_000
@@ -34,8 +35,6 @@ def progress(steps: range, work: int, desc: str):
     """`steps` itself, or wrapped in a tqdm bar when `work` (simulated adds) may take over ~2 s."""
     if work < PROGRESS_WORK:
         return steps
-    from tqdm.auto import tqdm
-
     return tqdm(steps, desc=desc, leave=False)
 
 
@@ -57,8 +56,21 @@ def round_to_odd(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     return np.where(keep, s, toward)
 
 
-def _check_mode(mode: str) -> str:
-    return check_choice(mode, "rounding mode", MODES)
+def as_float64(x) -> np.ndarray:
+    """x as a float64 NumPy array (a torch tensor detached, moved to the CPU and widened exactly)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def round_float64(x, fmt: str | FloatFormat, mode: str = "nearest_even") -> np.ndarray:
+    """fl_fmt(x) once, as a float64 array of x's shape (overflow gives inf, silently)."""
+    f = get_format(fmt)
+    x = as_float64(x)
+    if f.name == "float64":
+        return x
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(round_to(np.ascontiguousarray(x), f, mode), dtype=np.float64).reshape(x.shape)
 
 
 class RoundedAdder:
@@ -71,12 +83,13 @@ class RoundedAdder:
     """
 
     def __init__(self, fmt: str | FloatFormat, mode: str = "nearest_even",
-                 rng: np.random.Generator | None = None):
+                 generator: np.random.Generator | None = None):
         self.fmt = get_format(fmt)
-        self.mode = _check_mode(mode)
-        if mode == "stochastic" and not isinstance(rng, np.random.Generator):
-            raise ValueError(f"stochastic rounding needs rng=np.random.default_rng(seed); got {rng!r}")
-        self.rng = rng
+        self.mode = check_mode(mode, stochastic=True)
+        if mode == "stochastic" and not isinstance(generator, np.random.Generator):
+            raise ValueError("stochastic rounding draws from a stream: pass "
+                             f"generator=np.random.default_rng(seed); got generator={generator!r}")
+        self.generator = generator
         p = self.fmt.precision
         fits_f32 = self.fmt.emax <= 127 and self.fmt.min_subnormal >= 2.0**-149
         if self.fmt.name == "float64":
@@ -99,7 +112,7 @@ class RoundedAdder:
             self.dtype = np.dtype(np.float64)
 
     def _round(self, v: np.ndarray) -> np.ndarray:
-        return round_to(v, self.fmt, self.mode, rng=self.rng)
+        return round_to(v, self.fmt, self.mode, rng=self.generator)
 
     def convert(self, x) -> np.ndarray:
         """fl(x) for every entry of x (any real inputs), as a C-contiguous container array."""
@@ -117,7 +130,7 @@ class RoundedAdder:
         s = np.ascontiguousarray(np.add(a, b, dtype=self.dtype))
         if s.ndim == 0:
             return np.asarray(self._round(s.reshape(1))).reshape(())
-        return round_to(s, self.fmt, self.mode, rng=self.rng, out=s)
+        return round_to(s, self.fmt, self.mode, rng=self.generator, out=s)
 
     def add_any(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """fl(a + b) for arbitrary float64 operands (e.g. exact products), via round to odd."""
@@ -131,10 +144,16 @@ class RoundedAdder:
         return self.add(a, -b)
 
 
-def rounded_add(a, b, fmt, mode: str = "nearest_even", rng: np.random.Generator | None = None):
-    """fl(a + b) in fmt, rounded once from the exact real sum of the float64 values a and b."""
+def rounded_add(a, b, fmt, mode: str = "nearest_even", *, seed: int | None = None):
+    """fl(a + b) in fmt, rounded once from the exact real sum of the float64 values a and b.
+
+    seed: for mode="stochastic", the seed of np.random.default_rng the rounding draws from.
+    """
     fmt = get_format(fmt)
-    _check_mode(mode)
+    check_mode(mode, stochastic=True)
+    if mode == "stochastic" and seed is None:
+        raise ValueError("stochastic rounding draws random bits: pass seed=<int>; got seed=None")
+    gen = None if seed is None else seed_generator(seed)
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if fmt.name == "float64":
@@ -143,5 +162,5 @@ def rounded_add(a, b, fmt, mode: str = "nearest_even", rng: np.random.Generator 
         return a + b
     a, b = np.broadcast_arrays(a, b)
     s, e = two_sum(a, b)
-    out = round_to(np.ascontiguousarray(round_to_odd(s, e)), fmt, mode, rng=rng)
+    out = round_to(np.ascontiguousarray(round_to_odd(s, e)), fmt, mode, rng=gen)
     return np.asarray(out).reshape(a.shape)

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..rounding import round_to
-from .arith import RoundedAdder, progress
+from ..rounding import round_to, seed_generator
+from .arith import RoundedAdder, as_float64, progress
 from .profiles import DeviceProfile, get_profile
+from .reductions import positive_int
 
 __all__ = ["matmul", "round_operands"]
 
 
 def _as_matrix(x, name: str) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().double().numpy()
-    a = np.asarray(x, dtype=np.float64)
+    a = as_float64(x)
     if a.ndim != 2:
         raise ValueError(f"{name} must be a 2-D matrix; got shape {a.shape}")
     return a
@@ -39,23 +38,24 @@ def round_operands(a, profile: str | DeviceProfile) -> np.ndarray:
 
 
 def matmul(a, b, profile: str | DeviceProfile = "fp32", *, splits: int = 1,
-           rng: np.random.Generator | None = None) -> np.ndarray:
+           seed: int | None = None) -> np.ndarray:
     """C = A·B under `profile`: fl_in operands, exact products, acc = fl_acc(acc + a_ik b_kj), fl_out(C).
 
     a: (m, k), b: (k, n) arrays or tensors. splits: split-K, the number of consecutive
-    k-chunks accumulated independently and then added in order. rng: only for profiles that
-    round stochastically. Returns a float64 (m, n) array of output-format values.
+    k-chunks accumulated independently and then added in order. seed: only for profiles that
+    round stochastically (np.random.default_rng(seed) feeds every rounding in turn).
+    Returns a float64 (m, n) array of output-format values.
     """
     p = get_profile(profile)
     A = _as_matrix(a, "a")
     B = _as_matrix(b, "b")
     if A.shape[1] != B.shape[0]:
         raise ValueError(f"inner dimensions differ: a is {A.shape}, b is {B.shape}")
-    if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)) or splits < 1:
-        raise ValueError(f"splits must be a positive integer; got splits={splits!r}")
+    splits = positive_int(splits, "splits")
+    if p.acc_mode == "stochastic" and seed is None:
+        raise ValueError(f"profile {p.name!r} rounds stochastically: pass seed=<int>; got seed=None")
     m, k = A.shape
     n = B.shape[1]
-    splits = int(splits)
     A = round_operands(A, p)
     B = round_operands(B, p)
     chunk = -(-k // splits)
@@ -63,7 +63,8 @@ def matmul(a, b, profile: str | DeviceProfile = "fp32", *, splits: int = 1,
     A3 = np.pad(A, ((0, 0), (0, pad))).reshape(m, splits, chunk)
     B3 = np.pad(B, ((0, pad), (0, 0))).reshape(splits, chunk, n)
 
-    inner = RoundedAdder(p.accumulator_format, p.acc_mode, rng)
+    gen = None if seed is None else seed_generator(seed)
+    inner = RoundedAdder(p.accumulator_format, p.acc_mode, gen)
     outer = RoundedAdder(p.promote_to, "nearest_even") if p.promote_every else inner
     acc = np.zeros((splits, m, n), dtype=inner.dtype)
     total = np.zeros((splits, m, n), dtype=outer.dtype) if p.promote_every else None

@@ -16,7 +16,7 @@ warp           a thread block of `threads` threads: thread t sums x[t], x[t+T], 
 split_k        `splits` consecutive chunks summed sequentially, each partial rounded to
                `partial` (the workspace format), then the partials summed in order
 atomic         blocks of `block` elements summed sequentially, then the block sums land in the
-               accumulator in a random order, drawn per lane from `rng` (block=1: one atomic
+               accumulator in a random order, drawn per lane from `seed` (block=1: one atomic
                add per element, as in scatter_add / index_add)
 kahan          sequential with Kahan's compensation term; every operation rounded
 =============  ==============================================================================
@@ -33,7 +33,7 @@ import numba
 import numpy as np
 
 from ..formats import FloatFormat, get_format
-from ..rounding import round_to
+from ..rounding import round_to, seed_generator
 from .arith import RoundedAdder, progress
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "WARP_SIZE",
     "atomic_orders",
     "exact_sum",
+    "positive_int",
     "reduce_sum",
 ]
 
@@ -92,7 +93,8 @@ def _gather_transposed(src, perms, out):
 # --------------------------------------------------------------------------- helpers
 
 
-def _positive_int(value, name: str, upper: int | None = None) -> int:
+def positive_int(value, name: str, upper: int | None = None) -> int:
+    """int(value) for an integer 1 <= value (<= upper if given), else ValueError naming it."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer; got {name}={value!r}")
     if upper is not None and value > upper:
@@ -103,27 +105,26 @@ def _positive_int(value, name: str, upper: int | None = None) -> int:
 _ORDER_CHUNK = 1 << 20  # random draws per chunk of lanes: bounds the float64 scratch memory
 
 
-def _order_chunks(lanes: int, m: int, rng: np.random.Generator):
+def _order_chunks(lanes: int, m: int, generator: np.random.Generator):
     """Yield (first lane, permutations of the next lanes): the one place orders are drawn."""
     step = max(1, _ORDER_CHUNK // m)
     for l0 in progress(range(0, lanes, step), lanes * m, "drawing atomic orders"):
         rows = min(step, lanes - l0)
         perms = np.empty((rows, m), dtype=np.int32)
-        _fisher_yates(rng.random((rows, m)), perms)
+        _fisher_yates(generator.random((rows, m)), perms)
         yield l0, perms
 
 
-def atomic_orders(lanes: int, m: int, rng: np.random.Generator) -> np.ndarray:
+def atomic_orders(lanes: int, m: int, *, seed: int) -> np.ndarray:
     """(lanes, m) int32 array whose rows are independent uniform random permutations of 0..m-1.
 
-    reduce_sum(order="atomic") draws its orders exactly this way, so the same rng state gives
-    the same orders (the tests rely on it).
+    reduce_sum(order="atomic", seed=seed) draws its orders exactly this way (from
+    np.random.default_rng(seed)), so the same seed gives the same orders (the tests rely on it).
     """
-    lanes = _positive_int(lanes, "lanes")
-    m = _positive_int(m, "m")
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError(f"atomic orders need rng=np.random.default_rng(seed); got rng={rng!r}")
-    return np.concatenate([p for _, p in _order_chunks(lanes, m, rng)])
+    lanes = positive_int(lanes, "lanes")
+    m = positive_int(m, "m")
+    gen = seed_generator(seed)
+    return np.concatenate([p for _, p in _order_chunks(lanes, m, gen)])
 
 
 def exact_sum(x) -> np.ndarray:
@@ -203,14 +204,15 @@ def _kahan(adder: RoundedAdder, v: np.ndarray) -> np.ndarray:
 
 def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
                out: str | FloatFormat | None = None, *, mode: str = "nearest_even",
-               rng: np.random.Generator | None = None, block: int = 32, splits: int = 4,
+               seed: int | None = None, block: int = 32, splits: int = 4,
                threads: int = 256, partial: str | FloatFormat | None = None):
     """S = x_0 + ... + x_{n-1} over the last axis in `order`, each add fl_acc(a + b), then fl_out(S).
 
     x: array (or torch tensor) of shape (..., n); leading axes are independent lanes.
     order: one of ORDERS (see the module docstring). acc: the accumulator format; out: the
-    output format (default acc). mode: the rounding mode of every rounding. rng: required for
-    order="atomic" and mode="stochastic". block (blocked, atomic), splits and partial
+    output format (default acc). mode: the rounding mode of every rounding. seed: required for
+    order="atomic" and mode="stochastic"; the orders and the stochastic roundings draw, in
+    turn, from one np.random.default_rng(seed). block (blocked, atomic), splits and partial
     (split_k), threads (warp; a multiple of 32, at most 1024) shape the order.
     Returns a float64 array of shape x.shape[:-1] (a float64 scalar for 1-D x) whose values
     are values of `out`.
@@ -219,14 +221,16 @@ def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
         raise ValueError(f"unknown order {order!r}; valid choices: {', '.join(ORDERS)}")
     acc_fmt = get_format(acc)
     out_fmt = acc_fmt if out is None else get_format(out)
-    block = _positive_int(block, "block")
-    splits = _positive_int(splits, "splits")
-    threads = _positive_int(threads, "threads", upper=1024)
+    block = positive_int(block, "block")
+    splits = positive_int(splits, "splits")
+    threads = positive_int(threads, "threads", upper=1024)
     if threads % WARP_SIZE:
         raise ValueError(f"threads must be a multiple of {WARP_SIZE}; got threads={threads}")
-    if order == "atomic" and not isinstance(rng, np.random.Generator):
-        raise ValueError(f"order='atomic' draws its orders from rng=np.random.default_rng(seed); got rng={rng!r}")
-    adder = RoundedAdder(acc_fmt, mode, rng)  # validates mode and the stochastic rng
+    if seed is None and (order == "atomic" or mode == "stochastic"):
+        what = "order='atomic' draws its orders" if order == "atomic" else "stochastic rounding draws"
+        raise ValueError(f"{what} at random: pass seed=<int>; got seed=None")
+    gen = None if seed is None else seed_generator(seed)
+    adder = RoundedAdder(acc_fmt, mode, gen)  # validates mode
 
     if hasattr(x, "detach"):  # torch tensor: exact widening to float64 on the CPU
         x = x.detach().cpu().double().numpy()
@@ -249,7 +253,7 @@ def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
             parts_lm = np.ascontiguousarray(_chunks(adder.add, np.ascontiguousarray(rows.T), block).T)
         m = parts_lm.shape[1]
         steps = np.empty((m, lanes), dtype=adder.dtype)
-        for l0, perms in _order_chunks(lanes, m, rng):
+        for l0, perms in _order_chunks(lanes, m, gen):
             src = parts_lm if parts_lm.shape[0] == 1 else parts_lm[l0:l0 + len(perms)]
             _gather_transposed(src, perms, steps[:, l0:l0 + len(perms)])
         total = _sequential(adder.add, steps)
@@ -267,7 +271,7 @@ def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
             parts = _chunks(adder.add, v, -(-n // splits))
             if partial is not None:
                 parts = adder.convert(round_to(parts.astype(np.float64), get_format(partial), mode,
-                                               rng=rng))
+                                               rng=gen))
             total = _sequential(adder.add, parts)
         else:  # kahan
             total = _kahan(adder, v)
@@ -275,5 +279,5 @@ def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
             total = np.broadcast_to(total, (lanes,))
 
     result = np.asarray(round_to(np.ascontiguousarray(total, dtype=np.float64), out_fmt, mode,
-                                 rng=rng), dtype=np.float64)
+                                 rng=gen), dtype=np.float64)
     return result.reshape(lead)[()] if lead else result.reshape(())[()]

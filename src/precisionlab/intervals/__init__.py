@@ -6,9 +6,9 @@ answers it the way Zhan et al. (RENDER) do, and tightens their bounds where the 
 structure is known:
 
 * `Interval` (`interval`): lower and upper float64 bounds per element and a may-be-NaN flag.
-  Every bound is rounded *outward* (one ulp of float64 after each round-to-nearest step, or
-  directed rounding into a format with `precisionlab.rounding.round_to`), so a bound is
-  rigorous, not merely close.
+  Every bound is rounded *outward* (`outward`: one ulp of float64 after each round-to-nearest
+  step, or directed rounding into a format with `precisionlab.rounding.round_to`), so a
+  bound is rigorous, not merely close.
 * Per-operation rules (`ops`, `softmax`) that take arrays *or* intervals: on arrays they execute
   the operation (the simulated kernel), on intervals they bound every result it could give.
   Correctly rounded operations (+, -, *, /, sqrt, casts to a narrower format) round the exact
@@ -17,10 +17,10 @@ structure is known:
   reshape, transpose and gathers are exact; relu and max are monotone. softmax, log_softmax
   and cross_entropy subtract the row's maximum, as attention kernels do, and are bounded for
   any finite logits and for -inf masks.
-* `Kernel` (`kernels`): how a sum or a matmul is executed, in the GPU simulator's own terms
-  (order, block, splits, threads, accumulator format per stage, operand format, tensor-core
-  model); every field is honoured or rejected by name. `sum_` and `matmul` (`bounds`) run it
-  with `precisionlab.gpu` and bound it two ways:
+* `Kernel` (`precisionlab.gpu.kernel`, re-exported here): how a sum or a matmul is executed,
+  in the GPU simulator's own terms (order, block, splits, threads, accumulator format per
+  stage, operand format, tensor-core model); every field is honoured or rejected by name.
+  `sum_` and `matmul` (`bounds`) run it with `precisionlab.gpu` and bound it two ways:
 
   - ``rule="oblivious"`` - the order-oblivious rule: every summand passes through n - 1
     accumulations, |error| <= ((1 + u)^(n-1) - 1) sum |x_i| (about (n - 1) u sum |x_i|),
@@ -63,20 +63,11 @@ Non-finite values, one convention for every rule:
   also when the bound explains them.
 """
 
-from ._outward import (  # noqa: F401 - private helpers the tests check against exact oracles
-    _exp_dn,
-    _exp_up,
-    _growth,
-    _log_dn,
-    _log_up,
-    _sum_dn,
-    _sum_up,
-)
+from ..gpu import KERNEL_ORDERS, Kernel, leaf_depths, promote
 from .bounds import matmul, sum_
 from .corpus import CORPUS, CaseResult, MismatchCase, build_case, evaluate_case
 from .demos import BUG_KERNELS, BugCheck, DotStep, dot_by_hand, injected_bug
 from .interval import RULES, Interval, concrete, hull, point
-from .kernels import KERNEL_ORDERS, Kernel, leaf_depths, promote
 from .ops import (
     SOURCE_ULP_TABLE,
     ULP_BUDGETS,

@@ -13,20 +13,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checks import check_choice
-from ._outward import _f64
+from ..gpu import Kernel, as_float64, promote, round_float64
 from .bounds import matmul, sum_
-from .interval import Interval, _parts, _rule_of
-from .kernels import Kernel, promote
-from .ops import _rn, add, amax, div, exp, mul, relu, sub, where
+from .interval import Interval, parts_of, rule_of
+from .ops import add, amax, div, exp, mul, relu, sub, where
 from .softmax import cross_entropy, softmax
 from .verdicts import (
     ASSERT_CLOSE_TOLERANCES,
     Layer,
     Verdict,
-    _abs_diff,
-    _analyse,
-    _as_layers,
+    abs_diff,
     allclose,
+    analyse,
+    as_layers,
     high_precision_verdict,
     run_layers,
 )
@@ -76,35 +75,34 @@ def evaluate_case(case: MismatchCase) -> CaseResult:
     t_outs = run_layers(case.target, case.x)
     r_outs = run_layers(case.reference, case.x)
     t, r = t_outs[-1], r_outs[-1]
-    diff = float(np.max(_abs_diff(t, r)))  # equal infinities differ by 0, NaN against a number by inf
-    tl, rl = _as_layers(case.target), _as_layers(case.reference)
-    structure = _analyse(tl, t_outs, rl, r_outs, case.x, "structure", "structure", case.start, n)
-    oblivious = _analyse(tl, t_outs, rl, r_outs, case.x, "oblivious", None, case.start, n)
+    diff = float(np.max(abs_diff(t, r)))  # equal infinities differ by 0, NaN against a number by inf
+    tl, rl = as_layers(case.target), as_layers(case.reference)
+    structure = analyse(tl, t_outs, rl, r_outs, case.x, "structure", "structure", case.start, n)
+    oblivious = analyse(tl, t_outs, rl, r_outs, case.x, "oblivious", None, case.start, n)
     hp = high_precision_verdict(case.target_high, r, case.x, case.rtol, case.atol)
     return CaseResult(case, diff, allclose(t, r, case.rtol, case.atol), structure, oblivious, hp)
 
 
-def _data(shape, seed: int, fmt="float32", scale: float = 1.0) -> np.ndarray:
+def uniform_data(shape, seed: int, fmt="float32", scale: float = 1.0) -> np.ndarray:
     """Uniform(-scale, scale) values from default_rng(seed), rounded to fmt (portable: no normal sampler)."""
     rng = np.random.default_rng(seed)
-    return _rn(rng.uniform(-scale, scale, size=shape), fmt)
+    return round_float64(rng.uniform(-scale, scale, size=shape), fmt)
 
 
-def _mm_layer(name, w, kernel, rng_seed=None, transpose_x=False):
-    """x -> x W under kernel (an atomic kernel redraws its orders from rng_seed on every call)."""
+def _mm_layer(name, w, kernel, seed=None, transpose_x=False):
+    """x -> x W under kernel (an atomic kernel redraws its orders from seed on every call)."""
 
     def f(x):
-        rng = None if rng_seed is None else np.random.default_rng(rng_seed)
         xx = x.T if transpose_x else x
-        return matmul(xx, w, kernel, rng)
+        return matmul(xx, w, kernel, seed=seed)
 
     return Layer(name, f)
 
 
 def _case_matmul(name, truth, story, target_kernel, ref_kernel, m=8, k=4096, n=8, fmt="float32",
                  tol=None, seed=0, atomic_seed=None, source=""):
-    a = _data((m, k), seed, fmt)
-    w = _data((k, n), seed + 1, fmt)
+    a = uniform_data((m, k), seed, fmt)
+    w = uniform_data((k, n), seed + 1, fmt)
     tgt = _mm_layer("matmul", w, target_kernel, atomic_seed)
     ref = _mm_layer("matmul", w, ref_kernel)
     high = _mm_layer("matmul", w, promote(target_kernel), atomic_seed)
@@ -118,10 +116,10 @@ def _case_sum(name, truth, story, target_kernel, ref_kernel, n=32768, seed=0, at
     rng = np.random.default_rng(seed)
     u = rng.uniform(-1, 1, size=(4, n))
     # centred rows: each exact sum is near zero, so every ordering's round-off shows in full
-    x = _rn(u - np.array([math.fsum(r) / n for r in u])[:, None], "float32")
+    x = round_float64(u - np.array([math.fsum(r) / n for r in u])[:, None], "float32")
 
     def target(v, kernel=target_kernel):
-        return sum_(v, kernel, None if atomic_seed is None else np.random.default_rng(atomic_seed))
+        return sum_(v, kernel, seed=atomic_seed)
 
     tgt = Layer("sum", target)
     ref = Layer("sum", lambda v: sum_(v, ref_kernel))
@@ -130,14 +128,13 @@ def _case_sum(name, truth, story, target_kernel, ref_kernel, n=32768, seed=0, at
     return MismatchCase(name, "kernel", truth, story, x, (tgt,), (ref,), (hi,), rtol, atol, source=source)
 
 
-def _softmax_kernel(fmt, kernel, rng_seed=None):
+def _softmax_kernel(fmt, kernel, seed=None):
     """softmax from its pieces in fmt: z = x - max (rounded), e = fl(e^z), s = kernel sum of e, e / s."""
 
     def f(x):
-        rng = None if rng_seed is None else np.random.default_rng(rng_seed)
         z = sub(x, amax(x)[..., None] if not isinstance(x, Interval) else _keep(amax(x)), fmt)
         e = exp(z, fmt)
-        s = sum_(e, kernel, rng)
+        s = sum_(e, kernel, seed=seed)
         return div(e, s[..., None] if not isinstance(s, Interval) else _keep(s), fmt)
 
     return Layer("softmax kernel", f)
@@ -158,8 +155,7 @@ def _network(fmt, kernel, w1, b1, w2, b2, labels, groups=None, atomic_seed=None,
 
     def lin(w, b, name):
         def f(h):
-            rng = None if atomic_seed is None else np.random.default_rng(atomic_seed)
-            y = matmul(h, w, kernel, rng)
+            y = matmul(h, w, kernel, seed=atomic_seed)
             return add(y, b, fmt)
 
         return Layer(name, f)
@@ -187,9 +183,9 @@ def _network(fmt, kernel, w1, b1, w2, b2, labels, groups=None, atomic_seed=None,
 
 def _stack(items):
     if not any(isinstance(i, Interval) for i in items):
-        return np.stack([_f64(i) for i in items])
-    rule = _rule_of(*[i for i in items if isinstance(i, Interval)])
-    parts = [_parts(i) for i in items]
+        return np.stack([as_float64(i) for i in items])
+    rule = rule_of(*[i for i in items if isinstance(i, Interval)])
+    parts = [parts_of(i) for i in items]
     lo, hi, nan = (np.stack([p[j] for p in parts]) for j in range(3))
     vals = [p[3] for p in parts]
     v = None if any(v is None for v in vals) else np.stack(vals)
@@ -243,9 +239,9 @@ def _masked_attention(fmt, kernel, wq, wk, v, mask, fill=-math.inf, bug=None):
 
 def _case_attention(name, truth, story, fmt_t, kernel_t, mask, fill, bug=None, tol=None):
     rows, d, dv = 16, 16, 8
-    x = _data((rows, d), 61, "float32")
-    wq, wk = _data((d, d), 62, "float32"), _data((d, d), 63, "float32")
-    v = _data((rows, dv), 64, "float32")
+    x = uniform_data((rows, d), 61, "float32")
+    wq, wk = uniform_data((d, d), 62, "float32"), uniform_data((d, d), 63, "float32")
+    v = uniform_data((rows, dv), 64, "float32")
     fp32 = Kernel("sequential", acc="float32")
     tgt = _masked_attention(fmt_t, kernel_t, wq, wk, v, mask, fill, bug)
     ref = _masked_attention("float32", fp32, wq, wk, v, mask, fill)
@@ -257,11 +253,11 @@ def _case_attention(name, truth, story, fmt_t, kernel_t, mask, fill, bug=None, t
 def _case_network(name, truth, story, fmt_t, kernel_t, fmt_r, kernel_r, bug=None, start=0,
                   seed=0, atomic_seed=None, tol=None, source="", head="loss"):
     rows, d_in, d_h, classes = 24, 64, 32, 10
-    x = _data((rows, d_in), seed, "float32")
-    w1 = _data((d_in, d_h), seed + 1, "float32", 1 / math.sqrt(d_in))
-    b1 = _data((d_h,), seed + 2, "float32", 0.1)
-    w2 = _data((d_h, classes), seed + 3, "float32", 1 / math.sqrt(d_h))
-    b2 = _data((classes,), seed + 4, "float32", 0.1)
+    x = uniform_data((rows, d_in), seed, "float32")
+    w1 = uniform_data((d_in, d_h), seed + 1, "float32", 1 / math.sqrt(d_in))
+    b1 = uniform_data((d_h,), seed + 2, "float32", 0.1)
+    w2 = uniform_data((d_h, classes), seed + 3, "float32", 1 / math.sqrt(d_h))
+    b2 = uniform_data((classes,), seed + 4, "float32", 0.1)
     labels = np.random.default_rng(seed + 5).integers(0, classes, size=rows)
     groups = [list(range(0, 4)), list(range(4, 20)), list(range(20, 24))]  # 4, 16 and 4 tokens
     tgt = _network(fmt_t, kernel_t, w1, b1, w2, b2, labels, groups, atomic_seed, bug, head)
@@ -311,7 +307,7 @@ def build_case(name: str) -> MismatchCase:
             Kernel("pairwise", acc="float32"), atomic_seed=3)
     if name == "fp16 softmax kernel":
         rng = np.random.default_rng(11)
-        x = _rn(rng.uniform(-8, 8, size=(16, 256)), "float16")
+        x = round_float64(rng.uniform(-8, 8, size=(16, 256)), "float16")
         tgt = _softmax_kernel("float16", Kernel("warp", acc="float16", threads=128))
         ref = _softmax_kernel("float32", Kernel("pairwise", acc="float32"))
         high = _softmax_kernel("float64", Kernel("warp", acc="float64", threads=128))
@@ -320,8 +316,8 @@ def build_case(name: str) -> MismatchCase:
                             *ASSERT_CLOSE_TOLERANCES["float32"])
     if name == "transposed strides":
         m = 16
-        a = _data((m, m), 21, "float32")
-        w = _data((m, m), 22, "float32")
+        a = uniform_data((m, m), 21, "float32")
+        w = uniform_data((m, m), 22, "float32")
         tgt = _mm_layer("A^T B (swapped strides)", w, fp32_seq)  # reads A, not A^T
         ref = _mm_layer("A^T B", w, fp32_seq, transpose_x=True)
         high = _mm_layer("A^T B (swapped strides)", w, f64_seq)
@@ -354,9 +350,9 @@ def build_case(name: str) -> MismatchCase:
             "float32", fp32_seq, atomic_seed=5, tol=(0.0, 0.0), head="logits")
     if name == "softmax over the wrong axis":
         rows, d = 16, 32
-        x = _data((rows, d), 41, "float32")
-        wq = _data((d, d), 42, "float32", 1 / math.sqrt(d))
-        wk = _data((d, d), 43, "float32", 1 / math.sqrt(d))
+        x = uniform_data((rows, d), 41, "float32")
+        wq = uniform_data((d, d), 42, "float32", 1 / math.sqrt(d))
+        wk = uniform_data((d, d), 43, "float32", 1 / math.sqrt(d))
         tgt = _attention("float32", fp32_seq, wq, wk, wrong_axis=True)
         ref = _attention("float32", fp32_seq, wq, wk)
         high = _attention("float64", f64_seq, wq, wk, wrong_axis=True)
@@ -380,9 +376,9 @@ def build_case(name: str) -> MismatchCase:
 
 def _fused_case(name):
     m, k, n = 8, 4096, 16
-    bias = _data((n,), 32, "float32", 0.02)
-    a = _data((m, k), 30, "float32")
-    w = _data((k, n), 31, "float32")
+    bias = uniform_data((n,), 32, "float32", 0.02)
+    a = uniform_data((m, k), 30, "float32")
+    w = uniform_data((k, n), 31, "float32")
     blocked = Kernel("blocked", acc="float32", block=32)
     keep = np.arange(n) < n - 4
     b_bug = np.where(keep, bias, 0.0)
@@ -403,8 +399,8 @@ def _fused_case(name):
 
 def _tail_case(name):
     m, k, n = 8, 1027, 8
-    a = _data((m, k), 50, "float16")
-    w = _data((k, n), 51, "float16")
+    a = uniform_data((m, k), 50, "float16")
+    w = uniform_data((k, n), 51, "float16")
     fast = Kernel("sequential", acc="float32", inputs="float16", out="float16")
 
     def fp16_path(x):  # vector loads of 8: the last k mod 8 = 3 products are never loaded

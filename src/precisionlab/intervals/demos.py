@@ -7,14 +7,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checks import check_choice
+from ..checks import check_choice, check_nonnegative
 from ..formats import get_format
-from ._outward import _f64
+from ..gpu import Kernel, as_float64, promote, round_float64
+from ..gpu.reductions import positive_int
 from .bounds import matmul
-from .corpus import _data
+from .corpus import uniform_data
 from .interval import Interval, point
-from .kernels import Kernel, _pos, promote
-from .ops import _rn, _round_out, add
+from .ops import add
+from .outward import round_out
 from .verdicts import ASSERT_CLOSE_TOLERANCES, Layer, allclose, run_layers
 
 
@@ -33,16 +34,16 @@ class DotStep:
 def dot_by_hand(a, b, fmt="float16") -> list[DotStep]:
     """Sequential a . b in fmt, step by step: the rounded value, naive directed-rounding interval, exact partial sum."""
     f = get_format(fmt)
-    a, b = _f64(a).ravel(), _f64(b).ravel()
+    a, b = as_float64(a).ravel(), as_float64(b).ravel()
     if a.shape != b.shape or a.size == 0:
         raise ValueError(f"a and b must be non-empty vectors of one length; got {a.shape} and {b.shape}")
-    if np.any(_rn(a, f) != a) or np.any(_rn(b, f) != b):
+    if np.any(round_float64(a, f) != a) or np.any(round_float64(b, f) != b):
         raise ValueError(f"a and b must hold {f.name} values; round them first")
     steps, acc, lo, hi, exact = [], 0.0, 0.0, 0.0, 0.0
     for i, p in enumerate(a * b):
-        acc = float(_rn(np.array([acc + p]), f)[0])  # acc + p is exact in float64 here
-        lo = float(_round_out(np.array([lo + p]), np.array([lo + p]), f)[0][0])
-        hi = float(_round_out(np.array([hi + p]), np.array([hi + p]), f)[1][0])
+        acc = float(round_float64(np.array([acc + p]), f)[0])  # acc + p is exact in float64 here
+        lo = float(round_out(np.array([lo + p]), np.array([lo + p]), f)[0][0])
+        hi = float(round_out(np.array([hi + p]), np.array([hi + p]), f)[1][0])
         exact = math.fsum([exact, float(p)])
         steps.append(DotStep(i, float(p), acc, lo, hi, exact))
     return steps
@@ -87,16 +88,11 @@ def injected_bug(k: int = 1024, fmt: str = "float32", bug: float = 0.0, m: int =
     """C = A B by BUG_KERNELS[fmt] plus bug * mean|C| at C[0, 0], against a float64 reference:
     the interval (target bound vs reference point), the order-oblivious rule, high-precision re-execution."""
     fmt = check_choice(get_format(fmt).name, "format", tuple(BUG_KERNELS))
-    k = _pos(k, "k")
-    try:
-        bug = float(bug)
-    except (TypeError, ValueError):
-        bug = math.nan
-    if not (math.isfinite(bug) and bug >= 0):
-        raise ValueError(f"bug must be a finite number >= 0 (a fraction of mean |C|); got bug={bug!r}")
+    k = positive_int(k, "k")
+    bug = check_nonnegative(bug, "bug", " (a fraction of mean |C|)")
     kernel = BUG_KERNELS[fmt]
-    a = _data((m, k), seed, "float32")
-    b = _data((k, n), seed + 1, "float32")
+    a = uniform_data((m, k), seed, "float32")
+    b = uniform_data((k, n), seed + 1, "float32")
     exact = np.array([[math.fsum(a[i] * b[:, j]) for j in range(n)] for i in range(m)])
     delta = np.zeros((m, n))
     delta[0, 0] = bug * math.fsum(np.abs(exact).ravel()) / exact.size
@@ -105,7 +101,7 @@ def injected_bug(k: int = 1024, fmt: str = "float32", bug: float = 0.0, m: int =
         return add(matmul(x, b, kern), delta, out)
 
     reference = run_layers(Layer("float64", lambda x: matmul(x, b, Kernel("sequential", acc="float64"))), a)[-1]
-    t = _f64(target(a))
+    t = as_float64(target(a))
     s = target(point(a, "structure"))
     o = target(point(a, "oblivious"))
     rtol, atol = ASSERT_CLOSE_TOLERANCES[fmt]

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..checks import check_choice
-from ._outward import _INF, _f64, _up
+from ..gpu import as_float64
+from .outward import INF, empty_range, up
 
 RULES: tuple[str, ...] = ("structure", "oblivious")
 
@@ -27,7 +28,7 @@ class Interval:
     __slots__ = ("hi", "lo", "nan", "rule", "value")
 
     def __init__(self, lo, hi, value=None, rule: str = "structure", nan=None):
-        lo, hi = np.broadcast_arrays(_f64(lo), _f64(hi))
+        lo, hi = np.broadcast_arrays(as_float64(lo), as_float64(hi))
         lo, hi = np.array(lo), np.array(hi)
         flag = np.zeros(lo.shape, dtype=bool) if nan is None else np.broadcast_to(
             np.asarray(nan, dtype=bool), lo.shape).copy()
@@ -35,11 +36,11 @@ class Interval:
         if nlo.any() or nhi.any():
             both = nlo & nhi  # nothing but NaN: the empty range
             flag |= nlo | nhi  # one side not known: unbounded on that side, may be NaN
-            lo = np.where(both, _INF, np.where(nlo, -_INF, lo))
-            hi = np.where(both, -_INF, np.where(nhi, _INF, hi))
+            lo = np.where(both, INF, np.where(nlo, -INF, lo))
+            hi = np.where(both, -INF, np.where(nhi, INF, hi))
         empty = lo > hi
         if empty.any():
-            bad = empty & ~((lo == _INF) & (hi == -_INF))
+            bad = empty & ~((lo == INF) & (hi == -INF))
             if np.any(bad):
                 raise ValueError(f"lower bounds must not exceed upper bounds; got lo={lo[bad][:3]}, "
                                  f"hi={hi[bad][:3]} (an empty range, NaN only, is lo=+inf, hi=-inf)")
@@ -47,7 +48,7 @@ class Interval:
         self.lo = lo
         self.hi = hi
         self.nan = flag
-        self.value = None if value is None else np.broadcast_to(_f64(value), self.lo.shape).copy()
+        self.value = None if value is None else np.broadcast_to(as_float64(value), self.lo.shape).copy()
         self.rule = check_choice(rule, "rule", RULES)
 
     # ------------------------------------------------------------------ shape (exact operations)
@@ -104,7 +105,7 @@ class Interval:
     def width(self) -> np.ndarray:
         """hi - lo, rounded up (0 for a single infinity and for NaN only)."""
         with np.errstate(invalid="ignore"):
-            w = _up(self.hi - self.lo)
+            w = up(self.hi - self.lo)
         return np.where(np.isnan(w) | self.empty, 0.0, w)
 
     @property
@@ -115,7 +116,7 @@ class Interval:
 
     def contains(self, y) -> np.ndarray:
         """lo <= y <= hi elementwise, or y is NaN where the bound may be NaN."""
-        y = _f64(y)
+        y = as_float64(y)
         return ((self.lo <= y) & (y <= self.hi)) | (np.isnan(y) & self.nan)
 
     def __repr__(self) -> str:
@@ -126,13 +127,13 @@ class Interval:
 
 def point(x, rule: str = "structure") -> Interval:
     """[x, x]: the exact input, also the executed value (NaN entries: NaN only)."""
-    x = _f64(x)
+    x = as_float64(x)
     return Interval(x, x, x, rule)
 
 
 def hull(a, b, value=None, rule: str = "structure") -> Interval:
     """[min(a, b), max(a, b)] elementwise, NaN where either is NaN: the union of two programs' values; `value` defaults to a."""
-    a, b = _f64(a), _f64(b)
+    a, b = as_float64(a), as_float64(b)
     nan = np.isnan(a) | np.isnan(b)
     return Interval(np.fmin(a, b), np.fmax(a, b), a if value is None else value, rule, nan)
 
@@ -143,10 +144,10 @@ def concrete(x) -> np.ndarray:
         if x.value is None:
             raise ValueError("this Interval carries no executed value; build it with point() or hull()")
         return x.value
-    return _f64(x)
+    return as_float64(x)
 
 
-def _parts(x):
+def parts_of(x):
     """(lo, hi, nan, value, rule) of an Interval or of an array (a point)."""
     if isinstance(x, Interval):
         return x.lo, x.hi, x.nan, x.value, x.rule
@@ -154,17 +155,28 @@ def _parts(x):
     return p.lo, p.hi, p.nan, p.value, None
 
 
-def _rule_of(*xs) -> str:
+def rule_of(*xs) -> str:
+    """The one rule the Interval operands carry (ValueError if they carry different ones)."""
     rules = {x.rule for x in xs if isinstance(x, Interval)}
     if len(rules) > 1:
         raise ValueError(f"operands carry different rules {sorted(rules)}; use Interval.with_rule")
     return rules.pop()
 
 
-def _any_iv(*xs) -> bool:
+def any_interval(*xs) -> bool:
+    """Whether any operand is an Interval (else the operation just executes)."""
     return any(isinstance(x, Interval) for x in xs)
 
 
-def _value2(op, a, b):
-    va, vb = _parts(a)[3], _parts(b)[3]
+def paired_value(op, a, b):
+    """op(value of a, value of b): the target's executed result, None if either carries none."""
+    va, vb = parts_of(a)[3], parts_of(b)[3]
     return None if va is None or vb is None else op(va, vb)
+
+
+def canonical(lo, hi, nan, value, rule) -> Interval:
+    """An Interval whose empty elements (lo > hi, or flagged) are put in canonical form."""
+    empty = empty_range(lo, hi)
+    if empty.any():
+        lo, hi, nan = np.where(empty, INF, lo), np.where(empty, -INF, hi), np.asarray(nan) | empty
+    return Interval(lo, hi, value, rule, nan)

@@ -17,24 +17,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._outward import (
-    _INF,
-    _MAX64,
-    _dn,
-    _exp64,
-    _exp_dn,
-    _exp_up,
-    _f64,
-    _log64,
-    _log_dn,
-    _log_up,
-    _sum_dn,
-    _sum_up,
-    _tree,
-    _up,
+from ..formats import get_format
+from ..gpu import as_float64, round_float64
+from .interval import Interval, canonical
+from .ops import check_ulps
+from .outward import (
+    INF,
+    MAX64,
+    down,
+    exp_array,
+    exp_down,
+    exp_up,
+    log_array,
+    log_down,
+    log_up,
+    sum_down,
+    sum_up,
+    tree_sum,
+    up,
+    widen,
 )
-from .interval import Interval
-from .ops import _check_ulps, _result, _rn, _widen
 
 _EASY_SPREAD = 700.0  # e^700 and sums of such terms stay far below float64's largest value
 
@@ -43,22 +45,22 @@ def _softmax64(x: np.ndarray) -> np.ndarray:
     """softmax over the last axis in float64: e^(x - max) / sum, exp64 and a fixed tree sum."""
     with np.errstate(invalid="ignore"):
         z = x - np.max(x, axis=-1, keepdims=True)
-        e = _exp64(z)
-        return e / _tree(e)[..., None]
+        e = exp_array(z)
+        return e / tree_sum(e)[..., None]
 
 
 def _lse_gap64(x: np.ndarray) -> np.ndarray:
     """lse(x) - z with z = x - max(x), per entry (the cross entropy of every label), in float64."""
     with np.errstate(invalid="ignore"):
         z = x - np.max(x, axis=-1, keepdims=True)
-        lse = _log64(_tree(_exp64(z)))
+        lse = log_array(tree_sum(exp_array(z)))
         return lse[..., None] - z
 
 
 def _cross_entropy64(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         z = logits - np.max(logits, axis=-1, keepdims=True)
-        lse = _log64(_tree(_exp64(z)))
+        lse = log_array(tree_sum(exp_array(z)))
         return lse - np.take_along_axis(z, labels[..., None], axis=-1)[..., 0]
 
 
@@ -68,8 +70,8 @@ def _cross_entropy64(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
 def _rows(lo: np.ndarray, hi: np.ndarray, nan: np.ndarray):
     """(may be NaN, NaN only, easy) per row: NaN where a row may hold NaN or +inf or be all -inf."""
     empty = lo > hi
-    row_nan = np.any(nan, axis=-1) | np.any(hi == _INF, axis=-1) | np.all(lo == -_INF, axis=-1)
-    row_empty = np.any(empty, axis=-1) | np.any(lo == _INF, axis=-1) | np.all(hi == -_INF, axis=-1)
+    row_nan = np.any(nan, axis=-1) | np.any(hi == INF, axis=-1) | np.all(lo == -INF, axis=-1)
+    row_empty = np.any(empty, axis=-1) | np.any(lo == INF, axis=-1) | np.all(hi == -INF, axis=-1)
     finite = np.all(np.isfinite(lo) & np.isfinite(hi), axis=-1)
     with np.errstate(invalid="ignore", over="ignore"):
         spread = np.max(hi, axis=-1) - np.min(lo, axis=-1)
@@ -79,7 +81,7 @@ def _rows(lo: np.ndarray, hi: np.ndarray, nan: np.ndarray):
 
 def _stand_ins(lo, hi):
     """Finite stand-ins for +inf ends (the largest float64: every finite logit lies below it)."""
-    return np.where(lo == _INF, _MAX64, lo), np.where(hi == _INF, _MAX64, hi)
+    return np.where(lo == INF, MAX64, lo), np.where(hi == INF, MAX64, hi)
 
 
 def _off(n: int) -> np.ndarray:
@@ -89,7 +91,7 @@ def _off(n: int) -> np.ndarray:
 def _excl_max(v: np.ndarray) -> np.ndarray:
     """m[..., i] = max over j != i of v[..., j] (-inf for a single entry)."""
     n = v.shape[-1]
-    return np.max(np.where(_off(n), v[..., None, :], -_INF), axis=-1)
+    return np.max(np.where(_off(n), v[..., None, :], -INF), axis=-1)
 
 
 # --------------------------------------------------------------------------- softmax ranges
@@ -104,13 +106,13 @@ def _softmax_range(lo: np.ndarray, hi: np.ndarray):
     n = lo.shape[-1]
     off = _off(n)
     with np.errstate(invalid="ignore", over="ignore"):
-        up_arg = _up(hi[..., None, :] - lo[..., :, None])  # [.., i, j] = hi_j - lo_i
-        dn_arg = _dn(lo[..., None, :] - hi[..., :, None])
-        d_up = _sum_up(np.where(off, _exp_up(up_arg), 0.0))
-        d_dn = _sum_dn(np.where(off, _exp_dn(dn_arg), 0.0))
+        up_arg = up(hi[..., None, :] - lo[..., :, None])  # [.., i, j] = hi_j - lo_i
+        dn_arg = down(lo[..., None, :] - hi[..., :, None])
+        d_up = sum_up(np.where(off, exp_up(up_arg), 0.0))
+        d_dn = sum_down(np.where(off, exp_down(dn_arg), 0.0))
         d_dn = np.maximum(d_dn, 0.0)
-        s_lo = _dn(1.0 / _up(1.0 + d_up))
-        s_hi = np.minimum(_up(1.0 / _dn(1.0 + d_dn)), 1.0)
+        s_lo = down(1.0 / up(1.0 + d_up))
+        s_hi = np.minimum(up(1.0 / down(1.0 + d_dn)), 1.0)
     return np.maximum(s_lo, 0.0), s_hi, d_dn, d_up
 
 
@@ -121,16 +123,16 @@ def _softmax_range_shifted(lo: np.ndarray, hi: np.ndarray):
     with np.errstate(invalid="ignore", over="ignore"):
         # smallest value: x_i = lo_i, x_j = hi_j, shifted by M = max(lo_i, max_(j != i) hi_j)
         m = np.maximum(L, _excl_max(H))
-        num = _exp_dn(_dn(L - m))
-        rest = _sum_up(np.where(off, _exp_up(_up(H[..., None, :] - m[..., None])), 0.0))
-        s_lo = _dn(num / _up(num + rest))
-        s_lo = np.where(m == -_INF, 1.0, s_lo)  # every other entry is -inf: x_i takes it all
+        num = exp_down(down(L - m))
+        rest = sum_up(np.where(off, exp_up(up(H[..., None, :] - m[..., None])), 0.0))
+        s_lo = down(num / up(num + rest))
+        s_lo = np.where(m == -INF, 1.0, s_lo)  # every other entry is -inf: x_i takes it all
         # largest value: x_i = hi_i, x_j = lo_j, shifted by M' = max(hi_i, max_(j != i) lo_j)
         m2 = np.maximum(H, _excl_max(L))
-        num2 = _exp_up(_up(H - m2))
-        rest2 = _sum_dn(np.where(off, _exp_dn(_dn(L[..., None, :] - m2[..., None])), 0.0))
-        s_hi = np.minimum(_up(num2 / _dn(num2 + rest2)), 1.0)
-    masked = H == -_INF  # x_i is -inf: exactly 0
+        num2 = exp_up(up(H - m2))
+        rest2 = sum_down(np.where(off, exp_down(down(L[..., None, :] - m2[..., None])), 0.0))
+        s_hi = np.minimum(up(num2 / down(num2 + rest2)), 1.0)
+    masked = H == -INF  # x_i is -inf: exactly 0
     s_lo = np.where(masked, 0.0, np.maximum(s_lo, 0.0))
     s_hi = np.where(masked, 0.0, s_hi)
     return s_lo, s_hi
@@ -141,27 +143,27 @@ def _gap_range(lo: np.ndarray, hi: np.ndarray):
     L, H = _stand_ins(lo, hi)
     off = _off(lo.shape[-1])
     with np.errstate(invalid="ignore", over="ignore"):
-        a = np.where(off, _dn(L[..., None, :] - H[..., :, None]), -_INF)  # [.., i, j] = lo_j - hi_i
+        a = np.where(off, down(L[..., None, :] - H[..., :, None]), -INF)  # [.., i, j] = lo_j - hi_i
         big_a = np.maximum(np.max(a, axis=-1), 0.0)
         big_a = np.where(np.isfinite(big_a), big_a, 0.0)
-        terms = np.where(off, _exp_dn(_dn(a - big_a[..., None])), _exp_dn(_dn(-big_a))[..., None])
-        g_lo = np.maximum(_dn(big_a + _log_dn(_sum_dn(terms))), 0.0)
-        b = np.where(off, _up(H[..., None, :] - L[..., :, None]), -_INF)  # hi_j - lo_i
+        terms = np.where(off, exp_down(down(a - big_a[..., None])), exp_down(down(-big_a))[..., None])
+        g_lo = np.maximum(down(big_a + log_down(sum_down(terms))), 0.0)
+        b = np.where(off, up(H[..., None, :] - L[..., :, None]), -INF)  # hi_j - lo_i
         big_b = np.maximum(np.max(b, axis=-1), 0.0)
         finite_b = np.isfinite(big_b)
         bb = np.where(finite_b, big_b, 0.0)
-        terms = np.where(off, _exp_up(_up(b - bb[..., None])), _exp_up(_up(-bb))[..., None])
-        g_hi = np.where(finite_b, _up(bb + _log_up(_sum_up(terms))), _INF)
-    gone = H == -_INF  # x_i is -inf: ln(1 + D) is +inf
-    return np.where(gone, _INF, g_lo), np.where(gone, _INF, g_hi)
+        terms = np.where(off, exp_up(up(b - bb[..., None])), exp_up(up(-bb))[..., None])
+        g_hi = np.where(finite_b, up(bb + log_up(sum_up(terms))), INF)
+    gone = H == -INF  # x_i is -inf: ln(1 + D) is +inf
+    return np.where(gone, INF, g_lo), np.where(gone, INF, g_hi)
 
 
 def _gap_bounds(lo, hi, easy):
     """ln(1 + D_i) bounds for every i: the direct form on easy rows, the shifted form elsewhere."""
     with np.errstate(invalid="ignore", over="ignore"):
         _, _, d_dn, d_up = _softmax_range(lo, hi)
-        g_lo = np.maximum(_log_dn(_dn(1.0 + d_dn)), 0.0)
-        g_hi = _log_up(_up(1.0 + d_up))
+        g_lo = np.maximum(log_down(down(1.0 + d_dn)), 0.0)
+        g_hi = log_up(up(1.0 + d_up))
     if not np.all(easy):
         s_lo, s_hi = _gap_range(lo, hi)
         g_lo = np.where(easy[..., None], g_lo, s_lo)
@@ -170,9 +172,9 @@ def _gap_bounds(lo, hi, easy):
     # (cancellation when the loss is small): allow 2^-46 of the largest finite |logit| on top.
     mag = np.where(np.isfinite(lo), np.abs(lo), 0.0)
     mag = np.maximum(mag, np.where(np.isfinite(hi), np.abs(hi), 0.0))
-    slack = _up(np.max(mag, axis=-1) * 2.0**-46 + 2.0**-1000)[..., None]
+    slack = up(np.max(mag, axis=-1) * 2.0**-46 + 2.0**-1000)[..., None]
     with np.errstate(invalid="ignore"):
-        return _dn(g_lo - slack), _up(g_hi + slack)
+        return down(g_lo - slack), up(g_hi + slack)
 
 
 def _f64_slack(lo, hi, fmt: str):
@@ -180,14 +182,8 @@ def _f64_slack(lo, hi, fmt: str):
     if fmt != "float64":
         return lo, hi
     with np.errstate(invalid="ignore", over="ignore"):
-        return (_dn(lo - np.abs(lo) * 2.0**-40 - 2.0**-1000),
-                _up(hi + np.abs(hi) * 2.0**-40 + 2.0**-1000))
-
-
-def _fmt_name(fmt) -> str:
-    from ..formats import get_format
-
-    return get_format(fmt).name
+        return (down(lo - np.abs(lo) * 2.0**-40 - 2.0**-1000),
+                up(hi + np.abs(hi) * 2.0**-40 + 2.0**-1000))
 
 
 # --------------------------------------------------------------------------- the rules
@@ -196,64 +192,64 @@ def _fmt_name(fmt) -> str:
 def softmax(x, fmt="float32", ulps=None):
     """softmax over the last axis, computed in float64 and rounded once to fmt; on intervals the
     monotone bound [1/(1 + sum_(j!=i) e^(hi_j - lo_i)), 1/(1 + sum_(j!=i) e^(lo_j - hi_i))] widened by the budget."""
-    u = _check_ulps(ulps, "softmax")
+    u = check_ulps(ulps, "softmax")
     if not isinstance(x, Interval):
-        return _rn(_softmax64(_f64(x)), fmt)
+        return round_float64(_softmax64(as_float64(x)), fmt)
     nan, empty, easy = _rows(x.lo, x.hi, x.nan)
     s_lo, s_hi, _, _ = _softmax_range(x.lo, x.hi)
     if not np.all(easy):
         t_lo, t_hi = _softmax_range_shifted(x.lo, x.hi)
         s_lo = np.where(easy[..., None], s_lo, t_lo)
         s_hi = np.where(easy[..., None], s_hi, t_hi)
-    s_lo, s_hi = _f64_slack(s_lo, s_hi, _fmt_name(fmt))
-    lo, hi = _widen(s_lo, s_hi, fmt, u)
+    s_lo, s_hi = _f64_slack(s_lo, s_hi, get_format(fmt).name)
+    lo, hi = widen(s_lo, s_hi, fmt, u)
     v = None if x.value is None else softmax(x.value, fmt)
     e = np.broadcast_to(empty[..., None], x.shape)
-    masked = x.hi == -_INF  # e^-inf = 0 exactly, and 0 / s = 0
+    masked = x.hi == -INF  # e^-inf = 0 exactly, and 0 / s = 0
     lo, hi = np.where(masked, 0.0, np.maximum(lo, 0.0)), np.where(masked, 0.0, np.minimum(hi, 1.0))
-    return _result(np.where(e, _INF, lo), np.where(e, -_INF, hi),
+    return canonical(np.where(e, INF, lo), np.where(e, -INF, hi),
                    np.broadcast_to(nan[..., None], x.shape), v, x.rule)
 
 
 def log_softmax(x, fmt="float32", ulps=None):
     """x - ln sum e^x over the last axis (z - ln sum e^z, z = x - max), float64 then rounded once;
     on intervals -ln(1 + D_i) over the box, D_i = sum_(j != i) e^(x_j - x_i), widened by the budget."""
-    u = _check_ulps(ulps, "cross_entropy")  # the same evaluation: float64, then one rounding
+    u = check_ulps(ulps, "cross_entropy")  # the same evaluation: float64, then one rounding
     if not isinstance(x, Interval):
-        return _rn(-_lse_gap64(_f64(x)), fmt)
+        return round_float64(-_lse_gap64(as_float64(x)), fmt)
     nan, empty, easy = _rows(x.lo, x.hi, x.nan)
     g_lo, g_hi = _gap_bounds(x.lo, x.hi, easy)
-    g_lo, g_hi = _f64_slack(np.maximum(g_lo, 0.0), g_hi, _fmt_name(fmt))
-    lo, hi = _widen(-g_hi, -g_lo, fmt, u)
+    g_lo, g_hi = _f64_slack(np.maximum(g_lo, 0.0), g_hi, get_format(fmt).name)
+    lo, hi = widen(-g_hi, -g_lo, fmt, u)
     v = None if x.value is None else log_softmax(x.value, fmt)
     e = np.broadcast_to(empty[..., None], x.shape)
-    masked = x.hi == -_INF  # -inf - lse = -inf exactly
-    lo, hi = np.where(masked, -_INF, lo), np.where(masked, -_INF, np.minimum(hi, 0.0))
-    return _result(np.where(e, _INF, lo), np.where(e, -_INF, hi),
+    masked = x.hi == -INF  # -inf - lse = -inf exactly
+    lo, hi = np.where(masked, -INF, lo), np.where(masked, -INF, np.minimum(hi, 0.0))
+    return canonical(np.where(e, INF, lo), np.where(e, -INF, hi),
                    np.broadcast_to(nan[..., None], x.shape), v, x.rule)
 
 
 def cross_entropy(logits, labels, fmt="float32", ulps=None):
     """-ln softmax(logits)[label] per row, float64 then rounded once to fmt; on intervals
     [ln(1 + D_lo), ln(1 + D_hi)] with D = sum_(j != label) e^(x_j - x_label) over the box, widened by the budget."""
-    u = _check_ulps(ulps, "cross_entropy")
+    u = check_ulps(ulps, "cross_entropy")
     lab = np.asarray(labels)
     if lab.dtype.kind not in "iu":
         raise ValueError(f"labels must be integer class indices; got dtype {lab.dtype}")
     lab = lab.astype(np.int64)
-    shape = np.shape(logits.lo if isinstance(logits, Interval) else _f64(logits))
+    shape = np.shape(logits.lo if isinstance(logits, Interval) else as_float64(logits))
     if lab.shape != shape[:-1] or (lab.size and (lab.min() < 0 or lab.max() >= shape[-1])):
         raise ValueError(f"labels must have shape {shape[:-1]} with values in 0..{shape[-1] - 1}; "
                          f"got shape {lab.shape}" + (f", values {lab.min()}..{lab.max()}" if lab.size else ""))
     if not isinstance(logits, Interval):
-        return _rn(_cross_entropy64(_f64(logits), lab), fmt)
+        return round_float64(_cross_entropy64(as_float64(logits), lab), fmt)
     nan, empty, easy = _rows(logits.lo, logits.hi, logits.nan)
     g_lo, g_hi = _gap_bounds(logits.lo, logits.hi, easy)
     pick = lab[..., None]
     lo = np.take_along_axis(g_lo, pick, axis=-1)[..., 0]
     hi = np.take_along_axis(g_hi, pick, axis=-1)[..., 0]
-    lo, hi = _f64_slack(lo, hi, _fmt_name(fmt))
-    lo, hi = _widen(lo, hi, fmt, u)
+    lo, hi = _f64_slack(lo, hi, get_format(fmt).name)
+    lo, hi = widen(lo, hi, fmt, u)
     v = None if logits.value is None else cross_entropy(logits.value, lab, fmt)
-    return _result(np.where(empty, _INF, np.maximum(lo, 0.0)), np.where(empty, -_INF, hi), nan, v,
+    return canonical(np.where(empty, INF, np.maximum(lo, 0.0)), np.where(empty, -INF, hi), nan, v,
                    logits.rule)

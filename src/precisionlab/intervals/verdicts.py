@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checks import check_choice
-from ._outward import _INF, _f64
+from ..gpu import as_float64
 from .interval import RULES, Interval, hull, point
+from .outward import INF
 
 # torch.testing.assert_close's default (rtol, atol) per dtype; tf32 results are float32 tensors.
 ASSERT_CLOSE_TOLERANCES: dict[str, tuple[float, float]] = {
@@ -38,7 +39,7 @@ class Layer:
 
     def execute(self, x) -> np.ndarray:
         """The layer's output on an array (float64)."""
-        return _f64(self.run(x))
+        return as_float64(self.run(x))
 
     def interval(self, x: Interval) -> Interval:
         """The layer's bound on an interval input."""
@@ -49,7 +50,8 @@ class Layer:
         return out
 
 
-def _as_layers(program) -> list[Layer]:
+def as_layers(program) -> list[Layer]:
+    """A program (a Layer, a callable or a sequence of them) as a non-empty list of Layers."""
     if isinstance(program, Layer) or callable(program):
         program = [program]
     layers = []
@@ -68,7 +70,7 @@ def _as_layers(program) -> list[Layer]:
 def run_layers(program, x) -> list[np.ndarray]:
     """Every layer's output, in order, executing the program on x."""
     outs, h = [], x
-    for layer in _as_layers(program):
+    for layer in as_layers(program):
         h = layer.execute(h)
         outs.append(h)
     return outs
@@ -96,10 +98,10 @@ def propagate(target, x, reference_outputs: Sequence | None = None, rule: str = 
               start: int = 0, end: int | None = None) -> list[Interval]:
     """Bounds of layers start..end-1 of target, each from hull(target's, reference's previous outputs)."""
     check_choice(rule, "rule", RULES)
-    layers = _as_layers(target)
+    layers = as_layers(target)
     start, end = _span(len(layers), start, end)
     t_outs = run_layers(layers[:end], x)
-    r_outs = t_outs if reference_outputs is None else [_f64(r) for r in reference_outputs]
+    r_outs = t_outs if reference_outputs is None else [as_float64(r) for r in reference_outputs]
     if len(r_outs) < end - 1:
         raise ValueError(f"reference_outputs lists {len(r_outs)} layer outputs; bounding up to layer "
                          f"{end - 1} needs the first {end - 1}")
@@ -197,8 +199,8 @@ def _margins(bound: Interval, ref: np.ndarray, ref_bound: Interval | None) -> np
     with np.errstate(invalid="ignore"):
         m = np.minimum(rhi - bound.lo, bound.hi - rlo)
     m = np.where(np.isnan(m), 0.0, m)
-    m = np.where((rlo > rhi) | bound.empty, -_INF, m)
-    point_nan = np.where(bound.nan, 0.0, -_INF)  # a NaN reference against the target's bound
+    m = np.where((rlo > rhi) | bound.empty, -INF, m)
+    point_nan = np.where(bound.nan, 0.0, -INF)  # a NaN reference against the target's bound
     if ref_bound is None:
         return np.where(np.isnan(ref), point_nan, m)
     # Two bounds [lo, hi] U N meet where their ranges do or both may be NaN; a NaN reference
@@ -208,7 +210,7 @@ def _margins(bound: Interval, ref: np.ndarray, ref_bound: Interval | None) -> np
 
 
 def _check_layer(name, bound: Interval, ref, target, ref_bound: Interval | None, rule) -> LayerCheck:
-    ref, target = _f64(ref), _f64(target)
+    ref, target = as_float64(ref), as_float64(target)
     if ref.shape != bound.shape or target.shape != bound.shape:
         raise ValueError(f"layer {name!r}: the bound has shape {bound.shape}, the reference {ref.shape} "
                          f"and the target {target.shape}; they must match")
@@ -217,7 +219,7 @@ def _check_layer(name, bound: Interval, ref, target, ref_bound: Interval | None,
     scaled = np.isfinite(half) & (half > 0) & np.isfinite(margin)
     with np.errstate(invalid="ignore", divide="ignore"):
         score = np.where(scaled, margin / np.where(scaled, half, 1.0),
-                         np.where(margin >= 0, 1.0, -_INF))  # a zero-width bound hit exactly
+                         np.where(margin >= 0, 1.0, -INF))  # a zero-width bound hit exactly
     flat = int(np.argmin(score)) if score.size else 0
     idx = np.unravel_index(flat, bound.shape) if bound.shape else ()
     m = float(margin[idx])
@@ -251,28 +253,28 @@ def classify(target, reference, x, rule: str = "structure", reference_rule: str 
     check_choice(rule, "rule", RULES)
     if reference_rule is not None:
         check_choice(reference_rule, "reference_rule", RULES)
-    layers = _as_layers(target)
+    layers = as_layers(target)
     start, end = _span(len(layers), start, end)
     t_outs = run_layers(layers[:end], x)
     ref_layers = None
     if isinstance(reference, Layer) or callable(reference) or (
             isinstance(reference, (list, tuple)) and reference and
             all(isinstance(r, Layer) or callable(r) for r in reference)):
-        ref_layers = _as_layers(reference)
+        ref_layers = as_layers(reference)
         if len(ref_layers) < end:
             raise ValueError(f"the reference has {len(ref_layers)} layers; the analysis needs {end}")
         r_outs = run_layers(ref_layers[:end], x)
     elif isinstance(reference, (list, tuple)):
-        r_outs = [_f64(r) for r in reference]
+        r_outs = [as_float64(r) for r in reference]
         if len(r_outs) < end:
             raise ValueError(f"reference lists {len(r_outs)} layer outputs; the analysis needs {end}")
     else:
         if end != len(layers):
             raise ValueError("a single reference array is the last layer's output: analyse up to the last layer")
-        r_outs = [*t_outs[:-1], _f64(reference)]
+        r_outs = [*t_outs[:-1], as_float64(reference)]
     if reference_rule is not None and ref_layers is None:
         raise ValueError("reference_rule needs the reference as layers (it bounds them)")
-    return _analyse(layers, t_outs, ref_layers, r_outs, x, rule, reference_rule, start, end)
+    return analyse(layers, t_outs, ref_layers, r_outs, x, rule, reference_rule, start, end)
 
 
 def _layer_input(i, x, t_outs, r_outs, rule):
@@ -282,7 +284,7 @@ def _layer_input(i, x, t_outs, r_outs, rule):
     return hull(t_outs[i - 1], r_outs[i - 1], value=t_outs[i - 1], rule=rule)
 
 
-def _analyse(layers, t_outs, ref_layers, r_outs, x, rule, reference_rule, start, end) -> Verdict:
+def analyse(layers, t_outs, ref_layers, r_outs, x, rule, reference_rule, start, end) -> Verdict:
     """classify's loop, on outputs already computed."""
     _check_shapes(layers, t_outs, r_outs, start, end)
     checks = []
@@ -291,24 +293,24 @@ def _analyse(layers, t_outs, ref_layers, r_outs, x, rule, reference_rule, start,
         bound = layers[i].interval(inp)
         ref_bound = None
         if reference_rule is not None:
-            rinp = Interval(inp.lo, inp.hi, r_outs[i - 1] if i else _f64(x), reference_rule, inp.nan)
+            rinp = Interval(inp.lo, inp.hi, r_outs[i - 1] if i else as_float64(x), reference_rule, inp.nan)
             ref_bound = ref_layers[i].interval(rinp)
         checks.append(_check_layer(layers[i].name, bound, r_outs[i], t_outs[i], ref_bound, rule))
     verdict = "Type-II" if any(c.verdict == "Type-II" for c in checks) else "Type-I"
     return Verdict(verdict, rule, tuple(checks))
 
 
-def _abs_diff(a, b) -> np.ndarray:
+def abs_diff(a, b) -> np.ndarray:
     """|a - b| elementwise, 0 where the two are the same value (equal infinities, NaN and NaN), inf where one is NaN."""
-    a, b = _f64(a), _f64(b)
+    a, b = as_float64(a), as_float64(b)
     with np.errstate(invalid="ignore"):
         d = np.abs(a - b)
-    return np.where(_same(a, b), 0.0, np.where(np.isnan(d), _INF, d))
+    return np.where(_same(a, b), 0.0, np.where(np.isnan(d), INF, d))
 
 
 def allclose(a, b, rtol: float, atol: float) -> bool:
     """a == b or |a - b| <= atol + rtol |b| everywhere (torch.allclose's test: equal infinities are close, NaN never is)."""
-    a, b = _f64(a), _f64(b)
+    a, b = as_float64(a), as_float64(b)
     with np.errstate(invalid="ignore"):
         return bool(np.all((a == b) | (np.abs(a - b) <= atol + rtol * np.abs(b))))
 

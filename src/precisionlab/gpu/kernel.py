@@ -1,10 +1,4 @@
-"""Kernel: how a sum or a matmul is executed, validated field by field, run with the GPU simulator.
-
-Every field is either honoured by the execution (and by the bounds in `bounds`) or rejected at
-construction with an error that names the field, the value and the valid choices. Shape
-fields (block, splits, threads, model) belong to the orders that use them and default to
-None elsewhere; input_mode belongs to inputs.
-"""
+"""Kernel: how a sum or matmul is executed, every field honoured or rejected by name; run_sum and run_matmul run it."""
 
 from __future__ import annotations
 
@@ -14,9 +8,14 @@ import numpy as np
 
 from ..checks import check_choice
 from ..formats import FloatFormat, get_format
-from ..rounding import MODES
-from ._outward import _F64
-from .ops import _rn
+from ..rounding import MODES, seed_generator
+from .arith import round_float64
+from .matmul import matmul as profile_matmul
+from .profiles import DeviceProfile, get_profile
+from .reductions import positive_int, reduce_sum
+from .tensorcore import TENSOR_CORE_MODELS, get_tensor_core_model, tensor_core_matmul
+
+__all__ = ["KERNEL_ORDERS", "Kernel", "promote", "run_matmul", "run_sum"]
 
 KERNEL_ORDERS: tuple[str, ...] = ("sequential", "pairwise", "blocked", "warp", "split_k", "atomic",
                                   "tensor_core")
@@ -34,12 +33,6 @@ _SHAPE_FIELDS = {  # field: (orders that use it, default there)
     "threads": (("warp",), 256),
     "model": (("tensor_core",), "A100"),
 }
-
-
-def _pos(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {name}={value!r}")
-    return int(value)
 
 
 def _format_field(name: str, value) -> str:
@@ -120,7 +113,7 @@ class Kernel:
                 raise ValueError(f"{name} applies to order {' or '.join(orders)}; got {name}={v!r} "
                                  f"with order={self.order!r}")
             elif name != "model":
-                _pos(v, name)
+                positive_int(v, name)
         if self.threads is not None and (self.threads % 32 or self.threads > 1024):
             raise ValueError(f"threads must be a multiple of 32, at most 1024; got threads={self.threads}")
         if not isinstance(self.fused, (bool, np.bool_)):
@@ -141,8 +134,6 @@ class Kernel:
             self._check_tensor_core()
 
     def _check_tensor_core(self) -> None:
-        from ..gpu import TENSOR_CORE_MODELS, get_tensor_core_model
-
         try:
             m = get_tensor_core_model(self.model)
         except ValueError:
@@ -169,6 +160,12 @@ class Kernel:
     def combine_format(self) -> FloatFormat:
         """The format tiles are combined in."""
         return get_format(self.combine or self.acc)
+
+    def tile(self, n: int) -> int | None:
+        """Elements per tile of the first stage of an n-term sum (split_k: ceil(n / splits); else block)."""
+        if self.order == "split_k":
+            return -(-n // self.splits)
+        return self.block
 
     def describe(self) -> str:
         """One line: what the kernel does."""
@@ -199,13 +196,11 @@ class Kernel:
     @classmethod
     def from_profile(cls, profile, splits: int = 1) -> Kernel:
         """The kernel gpu.matmul runs for a device profile with `splits` k-chunks (fused, no promotion)."""
-        from ..gpu import get_profile
-
         p = get_profile(profile)
         if p.promote_every is not None or p.saturate:
             raise ValueError(f"profile {p.name!r} promotes or saturates; bounds cover profiles without "
                              "either (fp32, tf32, tf32-raw, bf16, fp16, fp16-acc16)")
-        splits = _pos(splits, "splits")
+        splits = positive_int(splits, "splits")
         return cls(order="split_k" if splits > 1 else "sequential", acc=p.accumulator_format.name,
                    out=p.output, inputs=p.inputs, input_mode=p.input_mode, mode=p.acc_mode,
                    splits=splits if splits > 1 else None, fused=True,
@@ -220,82 +215,74 @@ def promote(kernel: Kernel) -> Kernel:
                    fused=False, model=None if tc else kernel.model)
 
 
-def _rng_for(kernel: Kernel, rng):
-    if kernel.order == "atomic" and not isinstance(rng, np.random.Generator):
-        raise ValueError(f"an atomic kernel draws its orders from rng=np.random.default_rng(seed); got rng={rng!r}")
-    return rng
+def _check_seed(kernel: Kernel, seed) -> None:
+    """An atomic kernel needs a seed; any seed given must be one np.random.default_rng takes."""
+    if seed is not None:
+        seed_generator(seed)
+    elif kernel.order == "atomic":
+        raise ValueError("an atomic kernel draws its orders at random: pass seed=<int>; got seed=None")
 
 
-def _tile(kernel: Kernel, n: int) -> int:
-    """Elements per tile of the first stage."""
-    if kernel.order == "split_k":
-        return -(-n // kernel.splits)
-    return kernel.block
-
-
-def _run_sum(x: np.ndarray, kernel: Kernel, rng) -> np.ndarray:
-    """Execute the kernel's sum over the last axis with precisionlab.gpu.reduce_sum."""
+def run_sum(x: np.ndarray, kernel: Kernel, seed: int | None = None) -> np.ndarray:
+    """The kernel's sum over the last axis of float64 x, executed with reduce_sum (seed: atomic orders)."""
+    _check_seed(kernel, seed)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow and inf - inf are executed as IEEE says
-        return _run_sum_stages(x, kernel, rng)
+        return _run_sum_stages(x, kernel, seed)
 
 
-def _run_sum_stages(x: np.ndarray, kernel: Kernel, rng) -> np.ndarray:
-    from ..gpu import reduce_sum
-
+def _run_sum_stages(x: np.ndarray, kernel: Kernel, seed) -> np.ndarray:
     n = x.shape[-1]
     k = kernel
     if k.combine is None and not (k.order == "atomic" and k.partial is not None):
         order = "sequential" if k.order == "tensor_core" else k.order
-        r = reduce_sum(x, order, k.acc, k.out_format, mode=k.mode, rng=rng, block=k.block or 32,
+        r = reduce_sum(x, order, k.acc, k.out_format, mode=k.mode, seed=seed, block=k.block or 32,
                        splits=k.splits or 4, threads=k.threads or 256, partial=k.partial)
-        return np.asarray(r, dtype=_F64)
+        return np.asarray(r, dtype=np.float64)
     # Two stages: tiles summed in acc, rounded to `partial`, added in `combine` (in order, or
     # in a random order for atomics), as a split-K kernel whose tiles land in C by atomic adds.
-    t = _tile(k, n)
+    t = k.tile(n)
     nb = -(-n // t)
     pad = np.zeros((*x.shape[:-1], nb * t - n))
     tiles = np.concatenate([x, pad], axis=-1).reshape(*x.shape[:-1], nb, t)
-    parts = np.asarray(reduce_sum(tiles, "sequential", k.acc, mode=k.mode), dtype=_F64)
+    parts = np.asarray(reduce_sum(tiles, "sequential", k.acc, mode=k.mode), dtype=np.float64)
     if k.partial is not None:
-        parts = _rn(parts, k.partial, k.mode)
+        parts = round_float64(parts, k.partial, k.mode)
     order = "atomic" if k.order == "atomic" else "sequential"
-    r = reduce_sum(parts, order, k.combine_format, k.out_format, mode=k.mode, rng=rng, block=1)
-    return np.asarray(r, dtype=_F64)
+    r = reduce_sum(parts, order, k.combine_format, k.out_format, mode=k.mode, seed=seed, block=1)
+    return np.asarray(r, dtype=np.float64)
 
 
 def _operands(a: np.ndarray, kernel: Kernel) -> np.ndarray:
     """fl_inputs(fl_stored_as(a)), each by its field's rounding."""
     if kernel.stored_as is not None:
-        a = _rn(a, kernel.stored_as)
+        a = round_float64(a, kernel.stored_as)
     if kernel.inputs is None:
         return a
-    return _rn(a, kernel.inputs, kernel.input_mode)
+    return round_float64(a, kernel.inputs, kernel.input_mode)
 
 
 def _tc_feed(a: np.ndarray, kernel: Kernel) -> tuple[np.ndarray, str]:
     """(operand, feed) for gpu.tensorcore: the software conversion, raw float32 words, or pre-rounded values."""
     k = kernel
     if k.stored_as is not None:
-        a = _rn(a, k.stored_as)
+        a = round_float64(a, k.stored_as)
     if k.input_mode == _conversion_mode(k.inputs):
         return a, "converted"
     if k.inputs == "tf32" and k.input_mode == "toward_zero" and k.stored_as == "float32":
         return a, "raw"
-    return _rn(a, k.inputs, k.input_mode), "exact"
+    return round_float64(a, k.inputs, k.input_mode), "exact"
 
 
 def _run_tensor_core(a: np.ndarray, b: np.ndarray, k: Kernel) -> np.ndarray:
     """gpu.tensorcore's bit-level matmul; entries whose operands include inf or NaN get IEEE's
     result instead (the sum of the products: +-inf, or NaN for inf - inf, 0 * inf, NaN), as
     the model covers finite operands only."""
-    from ..gpu import tensor_core_matmul
-
     with np.errstate(invalid="ignore", over="ignore"):
         fa, fb = _operands(a, k), _operands(b, k)  # what the tensor core multiplies
         bad_a, bad_b = ~np.isfinite(fa), ~np.isfinite(fb)
         (A, feed), (B, _) = _tc_feed(np.where(bad_a, 0.0, a), k), _tc_feed(np.where(bad_b, 0.0, b), k)
         d = np.asarray(tensor_core_matmul(A, B, model=k.model, inputs=k.inputs,
-                                          out=k.out_format.name, operands=feed), dtype=_F64)
+                                          out=k.out_format.name, operands=feed), dtype=np.float64)
         if bad_a.any() or bad_b.any():
             special = bad_a.any(axis=1)[:, None] | bad_b.any(axis=0)[None, :]
             ieee = (fa[:, None, :] * fb.T[None, :, :]).sum(axis=-1)
@@ -303,96 +290,21 @@ def _run_tensor_core(a: np.ndarray, b: np.ndarray, k: Kernel) -> np.ndarray:
     return d
 
 
-def _run_matmul(a: np.ndarray, b: np.ndarray, kernel: Kernel, rng) -> np.ndarray:
-    """Execute C = A B under the kernel with the GPU simulator."""
+def run_matmul(a: np.ndarray, b: np.ndarray, kernel: Kernel, seed: int | None = None) -> np.ndarray:
+    """C = A B of float64 matrices under the kernel, executed with this simulator (seed: atomic orders)."""
     k = kernel
+    _check_seed(k, seed)
     if k.order == "tensor_core":
         return _run_tensor_core(a, b, k)
     if k.fused:
-        from ..gpu import DeviceProfile
-        from ..gpu import matmul as gpu_matmul
-
         extra = {"stored_as": k.stored_as} if k.stored_as is not None else {}
         profile = DeviceProfile("kernel", k.describe(), k.inputs, k.input_mode, k.acc, k.mode,
                                 k.out_format.name, **extra)
         with np.errstate(invalid="ignore", over="ignore"):
-            return np.asarray(gpu_matmul(a, b, profile, splits=k.splits if k.order == "split_k" else 1),
-                              dtype=_F64)
+            return np.asarray(profile_matmul(a, b, profile,
+                                             splits=k.splits if k.order == "split_k" else 1),
+                              dtype=np.float64)
     A, B = _operands(a, k), _operands(b, k)
     with np.errstate(invalid="ignore", over="ignore"):
         products = A[:, None, :] * B.T[None, :, :]  # (m, n, k): exact for operands of <= 26 bits
-        return _run_sum(products, k, rng)
-
-
-# --------------------------------------------------------------------------- leaf depths
-
-
-def _seq_depths(length: np.ndarray, t: int) -> np.ndarray:
-    """Adds on each position's path in sequential sums of groups of real length `length` (padded to t).
-
-    acc = x_0; acc = fl(acc + x_p): x_0 and x_1 pass L - 1 adds, x_p (p >= 1) L - p; the
-    padded zeros add nothing (x + 0 is exact).
-    """
-    p = np.arange(t)
-    L = np.asarray(length)[..., None]
-    d = L - np.maximum(p, 1)
-    return np.where(p < L, np.maximum(d, 0), 0)
-
-
-def _pairwise_depths(n: int) -> np.ndarray:
-    """Adds on each leaf's path in reduce_sum's pairwise tree (neighbours paired, odd last moves up)."""
-    pos = np.arange(n)
-    d = np.zeros(n, dtype=np.int64)
-    m = n
-    while m > 1:
-        h = m // 2
-        paired = pos < 2 * h
-        d += paired
-        pos = np.where(paired, pos // 2, h)
-        m = h + (m % 2)
-    return d
-
-
-def leaf_depths(n: int, kernel: Kernel) -> dict[str, np.ndarray]:
-    """Roundings on each summand's path through the kernel's tree, per stage: {stage: depths (n,)}.
-
-    The structure-aware bound charges summand i the factor (1 + u_stage)^depth per stage; the
-    order-oblivious rule charges every summand n - 1. Stages: "tile" (within a tile, thread or
-    the whole sum), "partial" (the rounding of the tile result), "combine" (adds between tiles),
-    "warp" (the two 5-level shuffle trees of order="warp"), "block_fma" (tensor-core blocks).
-    """
-    n = _pos(n, "n")
-    k = kernel
-    idx = np.arange(n)
-    if k.order in ("sequential",):
-        return {"tile": _seq_depths(np.array(n), n)}
-    if k.order == "pairwise":
-        return {"tile": _pairwise_depths(n)}
-    if k.order == "tensor_core":
-        from ..gpu import get_tensor_core_model
-
-        B = get_tensor_core_model(k.model).block
-        nblk = -(-n // B)
-        return {"block_fma": nblk - idx // B}
-    if k.order == "warp":
-        T = k.threads
-        rows = -(-n // T)
-        thread, r = idx % T, idx // T
-        per_thread = np.array([len(range(t, n, T)) for t in range(T)])
-        tile = _seq_depths(per_thread, rows)[thread, r]
-        return {"tile": tile, "warp": np.full(n, 10)}
-    # blocked, split_k, atomic: tiles of t elements, then the tile results combined
-    if k.order == "atomic" and k.block == 1:
-        return {"combine": np.full(n, n - 1)}
-    t = _tile(k, n)
-    nb = -(-n // t)
-    lengths = np.minimum(t, n - np.arange(nb) * t)
-    tile = _seq_depths(lengths, t)[idx // t, idx % t]
-    if k.order == "atomic":
-        comb = np.full(n, nb - 1)  # a random order: any tile may land first or last
-    else:
-        comb = _seq_depths(np.array(nb), nb)[idx // t]
-    out = {"tile": tile, "combine": comb}
-    if k.partial is not None:
-        out["partial"] = np.ones(n, dtype=np.int64)
-    return out
+        return _run_sum_stages(products, k, seed)

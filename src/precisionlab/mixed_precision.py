@@ -1,5 +1,5 @@
-"""Precision policy: which autocast device type and dtype a run uses, whether it needs a loss
-scaler, and what breaks when the weights themselves are stored in low precision.
+"""Mixed precision: which autocast device type and dtype a run uses (its precision policy), whether
+it needs a loss scaler, and what breaks when the weights themselves are stored in low precision.
 
 `precision_policy(precision, device)` is the decision a training script makes once, at
 start-up. float16 autocast is accepted only on CUDA: that is where float16 tensor cores pay
@@ -31,6 +31,7 @@ import torch
 
 from . import emulate
 from .checks import check_choice
+from .formats import ALIASES, get_format, short_name
 from .scaling import DynamicLossScaler
 
 __all__ = [
@@ -51,12 +52,6 @@ __all__ = [
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 DEVICE_TYPES: tuple[str, ...] = ("cuda", "mps", "cpu")
-_ALIASES = {
-    "fp32": "fp32", "float32": "fp32", "32": "fp32",
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16", "16": "fp16",
-}
-_DTYPE = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 SCALER_KINDS: tuple[str, ...] = ("torch", "book")
 # NVIDIA GPUs have bfloat16 units from compute capability 8.0 (Ampere) on; Volta (7.0) and
 # Turing (7.5, e.g. the T4) do not, although torch can emulate bfloat16 there.
@@ -128,6 +123,20 @@ def _check_capability(capability) -> tuple[int, int]:
     return int(capability[0]), int(capability[1])
 
 
+def _precision_key(precision) -> str:
+    """'fp32', 'bf16' or 'fp16' for any name of those formats in formats.ALIASES (or a torch dtype)."""
+    try:
+        key = short_name(precision)
+    except ValueError:
+        key = None
+    if key not in PRECISIONS:
+        names = {get_format(p).name for p in PRECISIONS}
+        aliases = sorted(names | ({a for a, n in ALIASES.items() if n in names} - set(PRECISIONS)))
+        raise ValueError(f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)} "
+                         f"(aliases: {', '.join(aliases)})")
+    return key
+
+
 def precision_policy(precision: str, device, capability=None) -> PrecisionPolicy:
     """fp32: no autocast; bf16: autocast to bfloat16, no scaler (on CUDA: compute capability >= 8.0);
     fp16: autocast to float16 + scaler, CUDA only.
@@ -137,12 +146,7 @@ def precision_policy(precision: str, device, capability=None) -> PrecisionPolicy
     torch.cuda.is_bf16_supported(), which by default also counts emulation and says True on a
     V100 or T4.) Only CUDA devices have one.
     """
-    key = _ALIASES.get(str(precision).lower())
-    if key is None:
-        raise ValueError(
-            f"unknown precision {precision!r}; valid choices: {', '.join(PRECISIONS)} "
-            f"(aliases: {', '.join(sorted(k for k in _ALIASES if k not in PRECISIONS))})"
-        )
+    key = _precision_key(precision)
     device_type = autocast_device_type(device)
     if capability is not None:
         capability = _check_capability(capability)
@@ -173,7 +177,8 @@ def precision_policy(precision: str, device, capability=None) -> PrecisionPolicy
                 f"newer); device {str(device)!r} has {capability[0]}.{capability[1]} (7.0: V100; "
                 "7.5: T4, RTX 20xx). Valid choices there: fp16 (with the loss scaler), fp32"
             )
-    return PrecisionPolicy(key, device_type, _DTYPE[key], key == "fp16", capability)
+    dtype = None if key == "fp32" else get_format(key).torch_dtype  # fp32: no autocast
+    return PrecisionPolicy(key, device_type, dtype, key == "fp16", capability)
 
 
 # --------------------------------------------------------------------------- what autocast does

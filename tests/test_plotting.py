@@ -170,3 +170,27 @@ def test_format_table_renders():
                                      (1024.0, "1024"), (2.0**40, "2^40"), (0.1, "0.1")])
 def test_format_value(x, text):
     assert format_value(x) == text
+
+
+def test_phantom_strip_places_every_token_and_jitters_from_seed():
+    """Each row holds its tokens at r = exp(log-ratio), shifted vertically by default_rng(seed)."""
+    gen = np.random.default_rng(7)
+    alpha, beta = gen.normal(0, 0.15, 200), gen.normal(0, 0.05, 200)
+    adv = np.where(gen.random(200) < 0.5, -1.0, 1.0)
+
+    def points(seed):
+        _, ax = plt.subplots()
+        plotting.plot_phantom_strip(alpha, beta, adv, 0.2, 0.2, seed=seed, ax=ax)
+        pts = np.concatenate([c.get_offsets() for c in ax.collections if len(c.get_offsets())])
+        return pts[np.lexsort(pts.T[::-1])]
+
+    rng = np.random.default_rng(3)  # the oracle: rows in order, one uniform draw per row
+    rows = [(adv > 0, alpha + beta), (adv > 0, alpha), (adv < 0, alpha + beta), (adv < 0, alpha)]
+    want = np.concatenate([np.column_stack([np.exp(logr[sel]),
+                                            y + rng.uniform(-0.3, 0.3, int(sel.sum()))])
+                           for y, (sel, logr) in enumerate(rows)])
+    want = want[np.lexsort(want.T[::-1])]
+    got = points(3)
+    np.testing.assert_allclose(got, want, rtol=1e-6)  # matplotlib keeps offsets in float64
+    np.testing.assert_array_equal(points(3), got)
+    assert not np.array_equal(points(4)[:, 1], got[:, 1])

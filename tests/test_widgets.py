@@ -7,11 +7,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+from importlib.resources import files
+
 import ipywidgets
 import pytest
 from matplotlib.figure import Figure
 
 from precisionlab import widgets
+from precisionlab.widgets.view import figure_summary
 
 
 def test_bit_view_shows_fields_of_one():
@@ -87,10 +90,16 @@ def test_crossing_explorer_rejects_bad_input(kwargs, match):
 
 
 def test_figures_are_displayed_as_png_images():
-    """The default view must not depend on a matplotlib backend's Figure formatter."""
-    _, fig = widgets.bit_view(0.5, "float16")
-    image = widgets._as_image(fig)
-    assert image.data[:8] == b"\x89PNG\r\n\x1a\n"
+    """The live form shows the view's figure as a PNG, whatever matplotlib backend is active."""
+    image = widgets.bit_explorer(0.3, "float16").widget().children[2]
+    assert image.format == "png" and image.value[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bit_view_checks_the_mode_with_rounding_check_mode():
+    with pytest.raises(ValueError, match="unknown rounding mode 'up-ish'; valid choices: nearest_even"):
+        widgets.bit_view(0.1, "bfloat16", "up-ish")
+    with pytest.raises(ValueError, match="unknown rounding mode 'stochastic'"):
+        widgets.bit_view(0.1, "bfloat16", "stochastic")  # a frame must be reproducible
 
 
 # --------------------------------------------------------------------------- interactive()
@@ -155,6 +164,75 @@ def test_interactive_static_html_is_self_contained():
     assert page.count("data:image/png;base64,") == 6
     assert f'id="{explorer.element_id}"' in page
     assert len(page.encode()) <= widgets.STATIC_BUDGET_BYTES
+
+
+class _Controls(HTMLParser):
+    """The switcher's controls and frame image: tag, attributes, and the text of each <output>."""
+
+    def __init__(self):
+        super().__init__()
+        self.controls, self.images, self._out, self.outputs = [], [], None, {}
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "data-pl-param" in attrs:
+            self.controls.append((tag, attrs))
+        if tag == "img":
+            self.images.append(attrs)
+        self._out = attrs.get("data-pl-for") if tag == "output" else None
+
+    def handle_data(self, data):
+        if self._out is not None:
+            self.outputs[self._out] = data
+
+
+def test_interactive_controls_are_labelled_and_frames_described():
+    explorer = widgets.interactive(_toy_view, {"k": [1, 2, 3], "name": ["a", "b"],
+                                               "flag": [False, True]}, k=2)
+    page = explorer.static_html()
+    parsed = _Controls()
+    parsed.feed(page)
+    # one native, focusable control per parameter, each named by an aria-label
+    assert [(tag, a.get("type"), a["aria-label"]) for tag, a in parsed.controls] == [
+        ("input", "range", "k"), ("select", None, "name"), ("input", "checkbox", "flag")]
+    assert all("tabindex" not in a and "disabled" not in a for _, a in parsed.controls)
+    slider = parsed.controls[0][1]
+    assert (slider["value"], slider["aria-valuetext"], parsed.outputs["k"]) == ("1", "2", "2")
+    # the shown frame says which view and parameters it shows, then what the figure holds
+    (img,) = parsed.images
+    assert img["alt"] == "toy view, k=2, name=a, flag=False: a"  # the Axes' title is "a"
+    data = explorer.frames()
+    assert len(data["alts"]) == len(data["images"])
+    assert {a for a, png in zip(data["alts"], data["images"], strict=True) if png} == {"a", "b"}
+    assert data["alts"][data["images"].index(None)] == ""  # the error frame shows no figure
+    assert '"view":"toy view"' in page and '"alts":[' in page
+
+
+def test_interactive_alt_text_comes_from_the_view_when_it_gives_one():
+    def described(k: int = 1):
+        fig = Figure(figsize=(3, 2))
+        fig.subplots().plot([0, 1], [0, k])
+        return widgets.TextPanel(f"k={k}", alt=f"a line of slope {k}"), fig
+
+    data = widgets.interactive(described, {"k": [1, 2]}).frames()
+    assert data["alts"] == ["a line of slope 1", "a line of slope 2"]
+
+
+def test_book_views_describe_their_figures():
+    _, fig = widgets.bit_view(0.1, "bfloat16")
+    assert figure_summary(fig) == "bfloat16 near 0.1 (x: value)"
+    _, fig = widgets.scaling_view(steps=40)  # two Axes, each titled
+    assert figure_summary(fig) == ("Loss scale per step (x: step; y: log2(loss scale)); "
+                                   "Headroom below overflow (x: step; y: scaled gradient)")
+
+
+def test_switcher_script_and_style_are_package_data():
+    static = files("precisionlab.widgets") / "static"
+    js, css = ((static / name).read_text(encoding="utf-8").strip()
+               for name in ("switcher.js", "switcher.css"))
+    assert "aria-valuetext" in js and ":focus-visible" in css
+    page = widgets.interactive(_toy_view, {"k": [1, 2]}).static_html()
+    assert f"<script>{js}</script>" in page and f"<style>{css}</style>" in page
 
 
 def test_interactive_mimebundle_offers_live_widget_only_in_a_kernel(monkeypatch):

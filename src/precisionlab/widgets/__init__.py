@@ -1,0 +1,62 @@
+"""The chapters' explorers: each is interactive(xxx_view, XXX_GRID, **defaults), one output that
+a live front end (Jupyter, Colab, VS Code) shows as ipywidgets controls recomputing xxx_view,
+and the HTML book as a self-contained frame switcher (no kernel, no network). Views only
+check their input and call the package's plain functions. Files, one concept each:
+
+* `view`: what a view returns, (TextPanel, Figure), and the input check it uses;
+* `frames`: `interactive` / `Interactive`, the live form and the static frame switcher (PNG
+  frames, grid checks, page budgets); its script and style are `static/switcher.js` and
+  `static/switcher.css`, package data;
+* `bits` and `crossing` (chapter 1): fl(x) bit by bit; steps until fl(w + k·lr) moves;
+* `reduction` (chapter 2): one vector summed in each GPU order, tested against tol;
+* `world` (chapter 3): the bouncing ball's solver passes under a stopping rule;
+* `underflow` (chapter 4): the attenuation model g0·a^k against a format's floors;
+* `scaling` (chapter 5): dynamic loss scaling's scale and headroom;
+* `phantom` (chapter 6): phantom clipping in a short GRPO run;
+* `allclose` (chapter 7): a matmul's bounds and verdicts with an injected bug.
+"""
+
+from .allclose import ALLCLOSE_GRID, allclose_explorer, allclose_view
+from .bits import BIT_GRID, bit_explorer, bit_view
+from .crossing import CROSSING_GRID, crossing_explorer, crossing_view
+from .frames import MAX_FRAMES, STATIC_BUDGET_BYTES, Interactive, interactive
+from .phantom import PHANTOM_GRID, phantom_explorer, phantom_view
+from .reduction import REDUCTION_GRID, reduction_data, reduction_explorer, reduction_view
+from .scaling import SCALING_GRID, scaling_explorer, scaling_view
+from .underflow import UNDERFLOW_GRID, underflow_explorer, underflow_view
+from .view import TextPanel
+from .world import WORLD_GRID, world_explorer, world_scenes, world_view
+
+__all__ = [
+    "ALLCLOSE_GRID",
+    "BIT_GRID",
+    "CROSSING_GRID",
+    "MAX_FRAMES",
+    "PHANTOM_GRID",
+    "REDUCTION_GRID",
+    "SCALING_GRID",
+    "STATIC_BUDGET_BYTES",
+    "UNDERFLOW_GRID",
+    "WORLD_GRID",
+    "Interactive",
+    "TextPanel",
+    "allclose_explorer",
+    "allclose_view",
+    "bit_explorer",
+    "bit_view",
+    "crossing_explorer",
+    "crossing_view",
+    "interactive",
+    "phantom_explorer",
+    "phantom_view",
+    "reduction_data",
+    "reduction_explorer",
+    "reduction_view",
+    "scaling_explorer",
+    "scaling_view",
+    "underflow_explorer",
+    "underflow_view",
+    "world_explorer",
+    "world_scenes",
+    "world_view",
+]

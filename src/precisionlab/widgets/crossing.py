@@ -1,0 +1,60 @@
+"""Chapter 1's crossing explorer: steps k until fl(w + k·lr) first differs from fl(w)."""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from ..formats import FORMATS, get_format
+from ..plotting import plot_crossing_trajectory
+from ..rounding import round_to
+from ..updates import simulate_crossing, steps_to_cross, steps_to_cross_estimate
+from .frames import interactive
+from .view import TextPanel, check_real, view_figure
+
+__all__ = ["CROSSING_GRID", "crossing_explorer", "crossing_view"]
+
+MAX_TRAJECTORY_STEPS = 20_000  # the longest trajectory the explorer draws
+
+CROSSING_GRID: dict[str, tuple] = {
+    "w": (0.25, 1.0, 4.0),
+    "lr": (1e-6, 1e-5, 1e-4, 1e-3),
+    "fmt": ("bfloat16", "float16", "float8_e5m2"),
+}
+
+
+def crossing_view(w: float = 1.0, lr: float = 1e-5, fmt="bfloat16") -> tuple[TextPanel, Figure]:
+    """Exact, estimated and simulated steps until fl(w + k·lr) changes, with the trajectory."""
+    w0 = check_real(w, "w")
+    lr0 = check_real(lr, "lr")
+    f = get_format(fmt)
+    if f.name == "float64":
+        raise ValueError(
+            "fmt must be narrower than float64; valid choices: "
+            + ", ".join(n for n in FORMATS if n != "float64")
+        )
+    if lr0 == 0:
+        raise ValueError("lr must be nonzero; got lr=0.0")
+    start = float(round_to(w0, f))
+    k = steps_to_cross(start, lr0, f)
+    if k > MAX_TRAJECTORY_STEPS:
+        raise ValueError(
+            f"w={w0!r}, lr={lr0!r} needs {k} steps in {f.name}; the explorer draws at most "
+            f"{MAX_TRAJECTORY_STEPS} (raise lr or lower |w|)"
+        )
+    est = steps_to_cross_estimate(start, lr0, f)
+    sim = simulate_crossing(start, lr0, max(2 * k, 10), f)
+    lines = [
+        f"w = fl({w0!r}) = {start!r} in {f.name}, lr = {lr0!r}",
+        f"exact steps to first change   : {k}",
+        f"estimate |W|/(2^p·lr), p = {f.precision:<2}: {est:.1f}",
+        f"float32-master simulation     : {sim}",
+    ]
+    n_steps = int(min(max(2.3 * k, 12), MAX_TRAJECTORY_STEPS))
+    fig, ax = view_figure(3.6)
+    plot_crossing_trajectory(start, lr0, n_steps, f, ax=ax)
+    return TextPanel("\n".join(lines)), fig
+
+
+def crossing_explorer(w: float = 1.0, lr: float = 1e-5, fmt="bfloat16"):
+    """interactive(crossing_view, CROSSING_GRID, ...): steps until fl(w + k·lr) moves."""
+    return interactive(crossing_view, CROSSING_GRID, w=w, lr=lr, fmt=get_format(fmt).name)

@@ -1,0 +1,63 @@
+"""Chapter 6's phantom-clipping explorer: a short GRPO run and its matched partner, eps moving."""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from ..plotting import plot_run_metric
+from ..rl import PolicyConfig, RunConfig, train, with_changes
+from .frames import interactive
+from .view import TextPanel, check_real
+
+__all__ = ["PHANTOM_GRID", "phantom_explorer", "phantom_view"]
+
+PHANTOM_GRID: dict[str, tuple] = {"eps": (0.05, 0.2, 10.0)}  # each frame trains a run
+
+
+def phantom_view(engine: str = "bf16", trainer: str = "fp32", eps: float = 0.2,
+                 lr: float = 5e-5, steps: int = 25, seed: int = 0) -> tuple[TextPanel, Figure]:
+    """A short GRPO run (rl.train) and its matched partner (trainer = engine): reward and clipping per step."""
+    run = RunConfig(trainer=trainer, engine=engine, lr=check_real(lr, "lr"),
+                    eps_low=check_real(eps, "eps"), eps_high=check_real(eps, "eps"),
+                    steps=int(steps))  # RunConfig names the valid choices on bad input
+    cfg = PolicyConfig()
+    log = train(cfg, run, seed=seed, progress=False)
+    # The matched partner (trainer = engine, same seed and eps): the convergence contrast.
+    ref = log if trainer == engine else train(cfg, with_changes(run, trainer=engine),
+                                              seed=seed, progress=False)
+    early = slice(0, min(5, steps))
+    lines = [
+        f"{trainer} trainer, {engine} engine, eps {eps:g}, lr {lr:g}, {steps} steps",
+        f"reaches -2 at step: {log.steps_to(-2.0)} (matched {engine} trainer: "
+        f"{ref.steps_to(-2.0)}; None = not within {steps} steps)",
+        f"first 5 steps: mean |beta| {log.beta_abs[early].mean():.3f}, "
+        f"clipped {log.clip[early].mean():.1%}",
+        f"               (phantom {log.phantom[early].mean():.1%}, "
+        f"legitimate {log.legitimate[early].mean():.1%})",
+        f"mean reward  : {log.reward[early].mean():.2f} in the first 5 steps, "
+        f"{log.reward[-5:].mean():.2f} in the last 5",
+    ]
+    fig = Figure(figsize=(9.0, 3.4))
+    ax_r, ax_c = fig.subplots(1, 2)
+    plot_run_metric({f"{trainer} trainer": log, f"{engine} trainer (matched)": ref}, "reward",
+                    ax=ax_r, ylabel="mean reward (-length)",
+                    styles={f"{engine} trainer (matched)": {"color": "#999999", "ls": "--"}})
+    ax_r.axhline(-2, color="#999999", lw=1, ls=":")
+    ax_r.set_ylim(-cfg.max_len - 0.5, 0)
+    ax_r.legend(loc="lower right", fontsize=8.5)
+    ax_c.plot(log.clip, label="all clipped", color="#555555")
+    ax_c.plot(log.phantom, label="phantom", color="#D55E00")
+    ax_c.set_ylim(bottom=0)
+    ax_c.set_xlabel("optimizer step")
+    ax_c.set_ylabel("fraction of tokens")
+    ax_c.set_title("Tokens in a dead zone")
+    ax_c.legend()
+    fig.tight_layout()
+    return TextPanel("\n".join(lines)), fig
+
+
+def phantom_explorer(engine: str = "bf16", trainer: str = "fp32", eps: float = 0.2,
+                     lr: float = 5e-5, steps: int = 25, seed: int = 0):
+    """interactive(phantom_view, PHANTOM_GRID, ...): the clip range eps moves; the rest is fixed."""
+    return interactive(phantom_view, PHANTOM_GRID, engine=engine, trainer=trainer, eps=eps,
+                       lr=lr, steps=steps, seed=seed)

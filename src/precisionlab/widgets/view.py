@@ -1,0 +1,67 @@
+"""What every chapter view takes and returns: view(**params) -> (TextPanel, Figure)."""
+
+from __future__ import annotations
+
+import html
+import math
+
+from matplotlib.figure import Figure
+
+__all__ = ["FIGURE_WIDTH_IN", "TextPanel", "check_real", "figure_summary", "panel_html",
+           "view_figure"]
+
+FIGURE_WIDTH_IN = 7.0  # a frame at FRAME_DPI = 100 is 700 px, the book's text column
+
+
+class TextPanel:
+    """Monospaced text: <pre> in HTML front ends, itself elsewhere; alt describes the figure beside it."""
+
+    def __init__(self, text: str, error: bool = False, alt: str = ""):
+        self.text = text
+        self.error = error
+        self.alt = alt
+
+    def _repr_html_(self) -> str:
+        color = "#b00020" if self.error else "inherit"
+        return (f'<pre style="font-size: 0.9em; line-height: 1.35; color: {color}">'
+                f"{html.escape(self.text)}</pre>")
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def panel_html(panel) -> str:
+    """The panel's HTML: its own _repr_html_, else its text escaped in a <pre>."""
+    if hasattr(panel, "_repr_html_"):
+        return panel._repr_html_()
+    return f"<pre>{html.escape(str(panel))}</pre>"
+
+
+def check_real(value, name: str = "value") -> float:
+    """float(value) if it is a finite real number, else ValueError naming the parameter."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number; got {name}={value!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite; got {name}={v!r}")
+    return v
+
+
+def view_figure(height: float) -> tuple[Figure, object]:
+    """A FIGURE_WIDTH_IN x height inch figure with one Axes (no pyplot, no global state)."""
+    fig = Figure(figsize=(FIGURE_WIDTH_IN, height))
+    return fig, fig.subplots()
+
+
+def figure_summary(fig: Figure) -> str:
+    """Each titled Axes as 'title (x: xlabel; y: ylabel)', joined by '; ': a figure's alt text."""
+    parts = []
+    for ax in fig.axes:
+        title = ax.get_title()
+        if not title:
+            continue  # colour bars and inset axes carry no title
+        axes = "; ".join(f"{k}: {v}" for k, v in (("x", ax.get_xlabel()), ("y", ax.get_ylabel()))
+                         if v)
+        parts.append(f"{title} ({axes})" if axes else title)
+    return "; ".join(parts)

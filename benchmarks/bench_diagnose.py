@@ -3,8 +3,11 @@
 peak memory beside the model's own, for a ~10^5- and a ~10^7-parameter transformer on CPU.
 
 Goals (issue 19): gradients and mismatch within 3x a training step, triage within 30x one
-forward, memory within 2x the model's own. Each measurement runs in a fresh subprocess so
-that its peak resident memory is its own.
+forward, memory within 2x the model's own. Each job runs in a fresh subprocess. Memory is the
+peak resident memory of one call beyond the resident memory just before it (Linux: the peak is
+reset through /proc/self/clear_refs), with the model, the batch, the optimizer and triage's
+bfloat16 copy already built: "cold" is the first call, which also pays one-time imports and JIT
+compilation (numba in precisionlab.rounding), "warm" a later call.
 
     python3 benchmarks/bench_diagnose.py            # both sizes
     python3 benchmarks/bench_diagnose.py --small    # the 10^5 model only
@@ -14,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import math
-import resource
 import subprocess
 import sys
 import time
@@ -68,12 +71,27 @@ def build(vocab, d, layers, context, batch):
     return model, x, loss_fn
 
 
-def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _status(key: str) -> float:
+    """VmRSS or VmHWM (peak) of this process in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {key}")
+
+
+def _peak_extra(fn) -> float:
+    """Peak resident memory of fn() beyond the resident memory before it, in MiB."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident memory
+    before = _status("VmRSS")
+    fn()
+    return _status("VmHWM") - before
 
 
 def one(size: str, job: str) -> dict:
-    """Time one job (best of 3 after a warm-up) and its peak memory, in this process."""
+    """Time one job (best of 3 after a warm-up) and its peak memory (cold and warm), in this process."""
     import torch
 
     from precisionlab import diagnose
@@ -82,7 +100,6 @@ def one(size: str, job: str) -> dict:
     model, x, loss_fn = build(**SIZES[size])
     n = sum(p.numel() for p in model.parameters())
     model_mib = n * 4 / 2**20
-    base = _rss_mib()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def train_step():
@@ -103,14 +120,15 @@ def one(size: str, job: str) -> dict:
     }
     fn = runs[job]
     with torch.no_grad() if job == "forward" else torch.enable_grad():
-        fn()
+        cold = _peak_extra(fn)
+        warm = _peak_extra(fn)
         times = []
         for _ in range(3):
             t = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t)
-    return {"params": n, "seconds": min(times), "model_mib": model_mib,
-            "extra_mib": _rss_mib() - base}
+    return {"params": n, "seconds": min(times), "model_mib": model_mib, "cold_mib": cold,
+            "warm_mib": warm}
 
 
 def main() -> None:
@@ -122,9 +140,10 @@ def main() -> None:
         print(json.dumps(one(*args.one)))
         return
     sizes = ["1e5"] if args.small else list(SIZES)
-    print("one thread; triage and forward on a 2 x 32 batch, the rest on 8 x 64 tokens")
-    print(f"{'model':>6} {'params':>9} {'job':>12} {'seconds':>9} {'multiple':>16} "
-          f"{'peak extra MiB':>15} {'/ model':>8}")
+    print("one thread; triage and forward on a 2 x 32 batch, the rest on 8 x 64 tokens;")
+    print("memory: peak MiB of one call beyond the resident memory before it, and / model")
+    print(f"{'model':>5} {'params':>8} {'job':>11} {'seconds':>8} {'multiple':>14} "
+          f"{'cold MiB':>8} {'/ model':>7} {'warm MiB':>8} {'/ model':>7}")
     for size in sizes:
         res = {}
         for job in JOBS:
@@ -140,9 +159,10 @@ def main() -> None:
                 mult = f"{r['seconds'] / fwd:.1f} x forward"
             else:
                 mult = f"{r['seconds'] / step:.1f} x step"
-            ratio = r["extra_mib"] / r["model_mib"] if r["model_mib"] else math.nan
-            print(f"{size:>6} {r['params']:>9} {job:>12} {r['seconds']:>9.4f} {mult:>16} "
-                  f"{r['extra_mib']:>15.1f} {ratio:>8.2f}")
+            mm = r["model_mib"] or math.nan
+            print(f"{size:>5} {r['params']:>8} {job:>11} {r['seconds']:>8.4f} {mult:>14} "
+                  f"{r['cold_mib']:>8.1f} {r['cold_mib'] / mm:>7.2f} "
+                  f"{r['warm_mib']:>8.1f} {r['warm_mib'] / mm:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -23,12 +23,27 @@ class UnsupportedOperation(ValueError):
 # --------------------------------------------------------------------------- numpy helpers
 
 
+_TO = {s: torch.tensor(s * math.inf, dtype=torch.float64) for s in (-1, 1)}
+
+
+def _step(x, sign: int) -> np.ndarray:
+    """The float64 neighbour of x toward sign * inf (torch's nextafter, several times faster than
+    NumPy's); infinities stay (a float64 value past the range is past every format's)."""
+    a = np.asarray(x, dtype=np.float64)
+    t = torch.from_numpy(np.ascontiguousarray(a)).reshape(a.shape)  # 0-d stays 0-d
+    y = torch.nextafter(t, _TO[sign]).numpy()
+    inf = np.isinf(a)
+    return np.where(inf, a, y) if inf.any() else y
+
+
 def _dn(x):
-    return np.nextafter(x, -np.inf)
+    """The float64 below x."""
+    return _step(x, -1)
 
 
 def _up(x):
-    return np.nextafter(x, np.inf)
+    """The float64 above x."""
+    return _step(x, 1)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -76,7 +91,9 @@ def _widen_rel(x: iv.Interval, ulps: float, fmt: str) -> iv.Interval:
     with np.errstate(invalid="ignore", over="ignore"):
         dlo = _up(ulps * np.maximum(_up(f.eps * np.abs(x.lo)), f.min_subnormal))
         dhi = _up(ulps * np.maximum(_up(f.eps * np.abs(x.hi)), f.min_subnormal))
-        return _mk(_dn(x.lo - dlo), _up(x.hi + dhi))
+        lo, hi = _dn(x.lo - dlo), _up(x.hi + dhi)
+    # an infinite endpoint stays: an exact -inf (a masked score) is no neighbour of finite values
+    return _mk(np.where(np.isinf(x.lo), x.lo, lo), np.where(np.isinf(x.hi), x.hi, hi))
 
 
 def _widen_abs(x: iv.Interval, r) -> iv.Interval:
@@ -135,6 +152,7 @@ def leaf(t: torch.Tensor) -> iv.Interval:
     with np.errstate(divide="ignore", invalid="ignore"):
         _, e = np.frexp(np.abs(v))
         half = np.ldexp(1.0, np.maximum(e - 1, f.emin) - f.mantissa_bits - 1)
+    half = np.where(v == 0, f.min_subnormal / 2, half)  # frexp(0) has exponent 0
     lo, hi = v - half, v + half  # exact: both fit float64
     return _mk(np.where(np.isfinite(v), lo, v), np.where(np.isfinite(v), hi, v))
 
@@ -161,6 +179,12 @@ def _is_t(x) -> bool:
     return isinstance(x, torch.Tensor)
 
 
+def lazy(get, t):
+    """t's `Leaf` form where the caller offers one (get.lazy) and t is a leaf, else get(t)."""
+    f = getattr(get, "lazy", None)
+    return get(t) if f is None else f(t)
+
+
 # --------------------------------------------------------------------------- matrix products
 
 
@@ -169,44 +193,215 @@ def _gamma(k: int, u: float) -> float:
     return ku / (1 - ku) if ku < 1 else math.inf
 
 
-def _mm(a: iv.Interval, b: iv.Interval, bias: iv.Interval | None, fmt: str, b_t: bool = False):
-    """Bound of a @ b (+ bias) for (..., m, k) @ (..., k, n); b_t: b is given as (..., n, k)."""
-    acc = _internal(fmt)
-    if fmt != "float64":  # autocast: operands rounded into the output's format first
-        a, b = _round_into(a, fmt), _round_into(b, fmt)
-        if bias is not None:
-            bias = _round_into(bias, fmt)
-    alo, ahi, blo, bhi = _t(a.lo), _t(a.hi), _t(b.lo), _t(b.hi)
-    if b_t:
-        blo, bhi = blo.transpose(-1, -2), bhi.transpose(-1, -2)
-    k = alo.shape[-1]
-    lead = None
-    if blo.ndim == 2 and alo.ndim > 2:  # one GEMM for a weight matrix
-        lead = alo.shape[:-1]
-        alo, ahi = alo.reshape(-1, k), ahi.reshape(-1, k)
-    am, bm = alo / 2 + ahi / 2, blo / 2 + bhi / 2
-    ar = torch.maximum(ahi - am, am - alo)
-    br = torch.maximum(bhi - bm, bm - blo)
-    g64 = _gamma(k + 4, 2.0**-53)
-    ar, br = ar * (1 + 4 * g64), br * (1 + 4 * g64)  # round the radii up generously
-    aa, ba = am.abs() + ar, bm.abs() + br
+_SUBSETS = {"float16": ("float16",), "bfloat16": ("bfloat16",),
+            "float32": ("float16", "bfloat16", "float32"),
+            "float64": ("float16", "bfloat16", "float32", "float64")}
+
+
+class Leaf:
+    """A weight, input or constant held as its target value t with |x - t| <= rho |t| + tau for
+    every x in its box (the reals that round to it, joined with the reference's copy): matrix
+    products use this form directly, any other rule the exact box from `box()`."""
+
+    __slots__ = ("_make", "_max", "fmts", "rho", "t", "tau")
+
+    def __init__(self, t: torch.Tensor, rho: float, tau: float, fmts: frozenset, make):
+        self.t, self.rho, self.tau, self.fmts, self._make = t, rho, tau, fmts, make
+        self._max = None
+
+    @property
+    def amax(self) -> float:
+        """max |t| (NaN when t holds a NaN), computed once."""
+        if self._max is None:
+            self._max = float(self.t.detach().abs().max()) if self.t.numel() else 0.0
+        return self._max
+
+    @property
+    def shape(self) -> tuple:
+        """The leaf's shape."""
+        return tuple(self.t.shape)
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+        return self.t.ndim
+
+    def box(self, index=None) -> iv.Interval:
+        """The exact box (of the entries at `index`, a gather, when given)."""
+        return self._make(index)
+
+    def part(self, index) -> Leaf:
+        """The leaf's entries at `index` (a slice along the first axis, say) as a Leaf."""
+        make = self._make
+
+        def sub(j, i=index):
+            box = make(i)
+            return box if j is None else box[j]
+        return Leaf(self.t[index], self.rho, self.tau, self.fmts, sub)
+
+    def radius(self, fmt: str) -> tuple[float, float] | None:
+        """(rho, tau) after the operands are rounded outward into fmt, when some value the box
+        is built from (a format in `fmts`) is not a value of fmt: one more ulp of fmt; None
+        when that rounding may overflow (then only the box is sound)."""
+        if fmt == "float64" or all(f in _SUBSETS[fmt] for f in self.fmts):
+            return self.rho, self.tau
+        f = get_format(fmt)
+        e = f.eps * (1 + 2.0**-40)  # RD/RU move an endpoint by < ulp <= eps |x| + q
+        if not self.amax * (1 + self.rho) + self.tau < f.max_finite / 2:
+            return None
+        return self.rho + e * (1 + self.rho), self.tau * (1 + e) + f.min_subnormal
+
+
+def _midrad(x: iv.Interval, g64: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, r) float64 tensors with [lo, hi] inside [m - r, m + r] (r rounded up generously)."""
+    lo, hi = _t(x.lo), _t(x.hi)
+    m = lo / 2 + hi / 2
+    r = torch.maximum(hi - m, m - lo) * (1 + 4 * g64)
+    return m, r
+
+
+_F32_INF = torch.tensor(math.inf, dtype=torch.float32)
+_EXACT_IN_F32 = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _ieee_float32() -> bool:
+    """Whether torch's float32 CPU matmul is IEEE float32 (no bfloat16/TF32 oneDNN mode set, as
+    torch.set_float32_matmul_precision("medium") does)."""
+    try:
+        flags = (torch.backends.fp32_precision, torch.backends.mkldnn.fp32_precision,
+                 torch.backends.mkldnn.matmul.fp32_precision)
+    except (AttributeError, RuntimeError):  # another torch: use float64 only
+        return False
+    return all(f in ("none", "ieee") for f in flags)
+
+
+def upper_product(left: torch.Tensor, right: torch.Tensor, right_max: float | None = None
+                  ) -> torch.Tensor:
+    """An upper bound (float64) of left @ right for nonnegative (..., M, k) @ (..., k, N).
+
+    In float32 when torch's float32 matmul is IEEE: operands rounded up into float32 (exact for
+    float32/bfloat16/float16 values), any summation order within gamma_(k+2)(2^-24) of the
+    exact sum, and k 2^-126 (1 + max left + max right) twice over for the subnormal range
+    (gradual or flushed to zero, inputs or results); else in float64 within gamma_(k+4)(2^-53).
+    right_max: max(right) when the caller knows it."""
+    k = left.shape[-1]
+    if not _ieee_float32():
+        return (left.to(torch.float64) @ right.to(torch.float64)) * (1 + 2 * _gamma(k + 4, 2.0**-53))
+
+    def up32(t):
+        y = t.to(torch.float32)
+        return y if t.dtype in _EXACT_IN_F32 else torch.nextafter(y, _F32_INF)
+    a, b = up32(left), up32(right)
+    if right_max is None or right.dtype not in _EXACT_IN_F32:
+        right_max = float(b.max()) if b.numel() else 0.0
+    top = (float(a.max()) if a.numel() else 0.0) + right_max
+    return (a @ b).to(torch.float64) * (1 + 2 * _gamma(k + 2, 2.0**-24)) + 2 * k * 2.0**-126 * (
+        1 + top)
+
+
+def leaf_products(am, ar, w: torch.Tensor, rho: float, tau: float, g64: float, w_t: bool = False,
+                  w_max: float | None = None):
+    """(pm, pr, s) for a @ b with a in am +- ar and b the `Leaf` w +- (rho |w| + tau) (w_t: b is
+    w transposed): pm = am w in float64, |a b - am w| <= pr elementwise-summed, and
+    sum |a_i b_i| <= s, from |am| |w| and ar |w| (`upper_product`)."""
+    m = am.shape[-2]
+    w = w.detach().cpu()
+    wm = w.to(torch.float64)
+    pm = am @ (wm.transpose(-1, -2) if w_t else wm)
+    del wm
+    stack = torch.cat([am.abs(), ar], dim=-2)
+    wa = w.abs()
+    qr = upper_product(stack, wa.transpose(-1, -2) if w_t else wa, w_max)
+    del wa
+    q, r = qr[..., :m, :], qr[..., m:, :]
+    rows = (stack[..., :m, :].sum(-1, keepdim=True) +
+            stack[..., m:, :].sum(-1, keepdim=True)) * (1 + 2 * g64)
+    return pm, rho * q + (1 + rho) * r + tau * rows, (1 + rho) * (q + r) + tau * rows
+
+
+def box_products(am, ar, bm, br, g64: float):
+    """(pm, pr, s) as `leaf_products` for b in bm +- br: |am| |bm|, |am| br, ar |bm| and ar br
+    from one product of stacked operands."""
+    m, n = am.shape[-2], bm.shape[-1]
+    pm = am @ bm
+    blk = upper_product(torch.cat([am.abs(), ar], dim=-2), torch.cat([bm.abs(), br], dim=-1))
+    q, pr = blk[..., :m, :n], blk[..., :m, n:] + blk[..., m:, :n] + blk[..., m:, n:]
+    return pm, pr, q + pr
+
+
+def close_products(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g64: float):
+    """(lo, hi) float64 arrays bounding sum_i a_i b_i (+ bias) accumulated in fmt's internal
+    format in any order: |error| <= gamma_terms(u) s + terms q, plus float64's own error in pm
+    (3 g64 s) and in forming the radius (a factor 1 + 8 g64). With a bias and a float16/bfloat16
+    fmt, a kernel may also round the product into fmt before adding the bias: u_fmt |product|
+    + q_fmt / 2 more (charged 1.01 u_fmt s + q_fmt), and the whole line where that rounding may
+    overflow. A bias entry that is exactly +-inf gives that infinity; a sum that may overflow
+    the accumulator the whole line."""
+    acc = get_format(_internal(fmt))
+    inf_b = None
+    extra = 0.0
     with np.errstate(invalid="ignore", over="ignore"):
-        pm = am @ bm
-        pr = am.abs() @ br + ar @ bm.abs() + ar @ br
-        s = aa @ ba
-        terms = k
+        over = torch.zeros((), dtype=torch.bool)
         if bias is not None:
-            blo_, bhi_ = _t(bias.lo), _t(bias.hi)
-            bmid = blo_ / 2 + bhi_ / 2
-            brad = torch.maximum(bhi_ - bmid, bmid - blo_) * (1 + 4 * g64)
+            if _reduced(fmt):
+                f = get_format(fmt)
+                extra = 1.01 * f.unit_roundoff * s + f.min_subnormal
+                over = s * (1 + _gamma(terms, acc.unit_roundoff)) >= f.max_finite * 0.999
+            blo, bhi = bias.lo, bias.hi
+            inf_b = (blo == bhi) & np.isinf(blo)
+            if inf_b.any():
+                blo, bhi = np.where(inf_b, 0.0, blo), np.where(inf_b, 0.0, bhi)
+            bmid, brad = _midrad(_mk(blo, bhi), g64)
             pm, pr, s = pm + bmid, pr + brad, s + bmid.abs() + brad
             terms += 1
-        u = get_format(acc).unit_roundoff
-        q = get_format(acc).min_subnormal
-        rad = (pr + (_gamma(terms, u) + 3 * g64) * s) * (1 + 8 * g64) + terms * (q + _TINY)
+        u = acc.unit_roundoff
+        rad = (pr + (_gamma(terms, u) + 3 * g64) * s + extra) * (1 + 8 * g64) + terms * (
+            acc.min_subnormal + _TINY)
         lo, hi = _dn((pm - rad).numpy()), _up((pm + rad).numpy())
-        over = (s * (1 + _gamma(terms, u))).numpy() >= get_format(acc).max_finite
-    lo, hi = np.where(over, -np.inf, lo), np.where(over, np.inf, hi)
+        over = ((s * (1 + _gamma(terms, u)) >= acc.max_finite) | over).numpy()
+    if inf_b is not None and inf_b.any():
+        lo, hi = np.where(inf_b, bias.lo, lo), np.where(inf_b, bias.hi, hi)
+    return np.where(over, -np.inf, lo), np.where(over, np.inf, hi)
+
+
+def _mm(a, b, bias: iv.Interval | None, fmt: str, b_t: bool = False, operand_rel: float = 0.0):
+    """Bound of a @ b (+ bias) for (..., m, k) @ (..., k, n); b_t: b is given as (..., n, k);
+    operand_rel: each product a_i b_i may also be off by that much relative (operands scaled
+    and rounded inside the kernel), charged as operand_rel sum |a_i b_i|.
+
+    Midpoint-radius form in float64 BLAS (`leaf_products`, `box_products`, `close_products`):
+    each float64 product of k nonnegative terms is within gamma_(k+4)(2^-53) of the exact one
+    (any order, with or without FMA), charged to the midpoint and divided out of the radii."""
+    if isinstance(a, Leaf):
+        a = a.box()
+    rr = b.radius(fmt) if isinstance(b, Leaf) else None
+    if rr is None and isinstance(b, Leaf):
+        b = b.box()
+    if fmt != "float64":  # autocast: operands rounded into the output's format first
+        a = _round_into(a, fmt)
+        if bias is not None:
+            bias = _round_into(bias, fmt)
+    k = a.shape[-1]
+    g64 = _gamma(k + 4, 2.0**-53)
+    am, ar = _midrad(a, g64)
+    lead = None
+    if len(b.shape) == 2 and am.ndim != 2:  # one GEMM for a weight matrix (or a vector)
+        lead = am.shape[:-1]
+        am, ar = am.reshape(-1, k), ar.reshape(-1, k)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if rr is not None:
+            pm, pr, s = leaf_products(am, ar, b.t, *rr, g64, w_t=b_t, w_max=b.amax)
+        else:
+            if fmt != "float64":
+                b = _round_into(b, fmt)
+            bm, br = _midrad(b, g64)
+            if b_t:
+                bm, br = bm.transpose(-1, -2), br.transpose(-1, -2)
+            pm, pr, s = box_products(am, ar, bm, br, g64)
+        if operand_rel:
+            pr = pr + operand_rel * s
+            s = s * (1 + operand_rel)
+    lo, hi = close_products(pm, pr, s, k, bias, fmt, g64)
     if lead is not None:
         lo, hi = lo.reshape(*lead, -1), hi.reshape(*lead, -1)
     return _round_into(_mk(lo, hi), fmt)

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .. import intervals as iv
+from ..formats import get_format
 from . import _bounds as bd
 
 _IGNORED = (torch.dtype, torch.device, torch.layout, torch.memory_format)
@@ -47,6 +48,46 @@ def _leaf_wide(t: torch.Tensor, ref_fmts: set) -> iv.Interval:
             c = bd._widen_rel(c, 1.0, f)  # double rounding through a third format
             box = _join(box, c)
     return box
+
+
+def _unit(fmt: str) -> tuple[float, float]:
+    f = get_format(fmt)
+    return f.unit_roundoff, f.min_subnormal
+
+
+def leaf_of(t: torch.Tensor, other: torch.Tensor | None, ref_fmts: set) -> bd.Leaf:
+    """A target leaf as a `Leaf`: its box joined with the paired reference leaf `other`
+    (`_join` of both `leaf`s), or, unpaired, `_leaf_wide`; with |x - t| <= rho |t| + tau over
+    that box. Own box: u_f |t| + q_f / 2. Paired, the finer value rounds to the coarser in
+    format c, so |t - v| <= u_c |finer| + q_c / 2, and v's box adds u_r |v| + q_r / 2: within
+    1.05 (u_c + u_r) |t| + q_c + q_r (equal formats: equal values). Widened to a coarser c:
+    rounding the box outward into c and one more ulp of c add 4 u_c |t| + 3 q_c, for each coarser
+    format in turn (the factors 1.05 and 2 cover the products of unit roundoffs, each <= 2^-8)."""
+    own = bd.fmt_of(t.dtype)
+    u_f, q_f = _unit(own)
+    fmts = {own}
+    if other is not None and other is not t:
+        r = bd.fmt_of(other.dtype)
+        fmts.add(r)
+        c = own if _RANK[own] <= _RANK[r] else r
+        (u_c, q_c), (u_r, q_r) = _unit(c), _unit(r)
+        rho, tau = (u_f, q_f / 2) if r == own else (1.05 * (u_c + u_r), q_f + q_c + q_r)
+
+        def make(index):
+            a, b = (t, other) if index is None else (t[index], other[index])
+            return _join(bd.leaf(a), bd.leaf(b))
+    else:
+        wide = [f for f in ref_fmts if f != own and _RANK[f] <= _RANK[own] and f != "float64"]
+        fmts.update(wide)
+        rho, tau = u_f, q_f / 2
+        for c in wide:  # each format widens the box already widened by the ones before
+            u_c, q_c = _unit(c)
+            rho, tau = rho + 4 * u_c, tau + 3 * q_c
+        rho, tau = 1.05 * rho, 2 * tau
+
+        def make(index):
+            return _leaf_wide(t if index is None else t[index], ref_fmts)
+    return bd.Leaf(t, rho, tau, frozenset(fmts), make)
 
 
 def _literal(x) -> str:

@@ -1,5 +1,5 @@
 """Interval rules for the row-wise operations triage bounds: softmax and log-softmax, layer and
-RMS norm, sums and means, cross entropy and scaled dot-product attention (kernel model: `rules`)."""
+RMS norm, sums and means, and cross entropy (kernel model: `rules`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from ._bounds import (
     _internal,
     _is_t,
     _mk,
-    _mm,
     _mul_iv,
     _nan_where,
     _reduced,
@@ -298,35 +297,3 @@ def _r_cross_entropy(rec, get, fmt):
     w_lo, w_hi = (m, m) if exact_w else (m * shrink, m * grow)
     y = _mk(_dn(total.lo / w_hi), np.inf if over else _up(total.hi / w_lo))
     return [_nan_where(_finish(y, fmt, 0.5), nan.any())]
-
-
-def _r_sdpa(rec, get, fmt):
-    q, k, v = (get(rec.args[i]) for i in range(3))
-    mask = _arg(rec.args, rec.kwargs, 3, "attn_mask")
-    if float(_arg(rec.args, rec.kwargs, 4, "dropout_p", 0.0)) > 0:
-        raise UnsupportedOperation("triage cannot bound attention dropout (dropout_p > 0)")
-    causal = bool(_arg(rec.args, rec.kwargs, 5, "is_causal", False))
-    scale = _arg(rec.args, rec.kwargs, 6, "scale")
-    if rec.kwargs.get("enable_gqa", False):
-        raise UnsupportedOperation("triage does not bound scaled_dot_product_attention with "
-                                   "enable_gqa=True")
-    d = q.shape[-1]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    # a fused kernel may keep scores and probabilities in float32 or round them to the dtype:
-    # rounding outward into the dtype covers both.
-    s = _mm(q, _mk(np.swapaxes(k.lo, -1, -2), np.swapaxes(k.hi, -1, -2)), None, fmt)
-    sc = _mk(float(scale * (1 - 2.0**-52)), float(scale * (1 + 2.0**-52)))
-    s = _finish(_mul_iv(s, sc), fmt, 1.0)
-    L, S = s.shape[-2], s.shape[-1]
-    if causal:
-        keep = np.tril(np.ones((L, S), dtype=bool))
-        s = _mk(np.where(keep, s.lo, -np.inf), np.where(keep, s.hi, -np.inf))
-    if _is_t(mask):
-        if mask.dtype == torch.bool:
-            mk = mask.detach().cpu().numpy()
-            s = _mk(np.where(mk, s.lo, -np.inf), np.where(mk, s.hi, -np.inf))
-        else:
-            m = get(mask)
-            s = _finish(_mk(_dn(s.lo + m.lo), _up(s.hi + m.hi)), fmt, 0.5)
-    p = _softmax_rule(s, -1, fmt)
-    return [_mm(p, v, None, fmt)]

@@ -21,7 +21,10 @@ found necessary by tests/test_diagnose_rules.py against torch's own CPU kernels)
   computation): both are allowed;
 * matrix products are order-oblivious (any summation order) with float32 accumulation of
   exact products (float64 for float64): |fl(sum) - sum| <= gamma_(k+1) sum |a_i b_i|, and
-  operands are first rounded to the output's dtype when it is narrower (autocast);
+  operands are first rounded to the output's dtype when it is narrower (autocast); a
+  float16/bfloat16 product may be rounded into its dtype before its bias is added;
+* convolutions, scaled dot-product attention and nn.MultiheadAttention are bounded as one
+  operation each (`layers`); dropout in training mode is refused (it is random);
 * shape operations (view, reshape, transpose, cat, chunk, indexing, ...) are exact: the same
   operation is applied to the lower and the upper bounds;
 * the whole line [-inf, inf] means "no information": the value may be NaN there (0 * inf,
@@ -40,6 +43,7 @@ from .. import intervals as iv
 from ..formats import get_format
 from ._bounds import (
     _FN_ULPS,
+    Leaf,
     UnsupportedOperation,
     _arg,
     _finish,
@@ -58,9 +62,11 @@ from ._bounds import (
     _unimodal,
     _whole,
     _widen_abs,
+    lazy,
     leaf,
 )
-from .rows import _r_cross_entropy, _r_layer_norm, _r_rms_norm, _r_sdpa, _r_softmax, _r_sum
+from .layers import LAYER_RULES
+from .rows import _r_cross_entropy, _r_layer_norm, _r_rms_norm, _r_softmax, _r_sum
 
 __all__ = ["EXACT", "RULES", "UnsupportedOperation", "bound", "leaf", "supported"]
 
@@ -137,14 +143,14 @@ def _binary(name):
 
 
 def _r_linear(rec, get, fmt):
-    x, w = get(rec.args[0]), get(_arg(rec.args, rec.kwargs, 1, "weight"))
+    x, w = get(rec.args[0]), lazy(get, _arg(rec.args, rec.kwargs, 1, "weight"))
     b = _arg(rec.args, rec.kwargs, 2, "bias")
     return [_mm(x, w, get(b) if _is_t(b) else None, fmt, b_t=True)]
 
 
 def _r_matmul(rec, get, fmt):
     a, b = rec.args[0], _arg(rec.args, rec.kwargs, 1, "other")
-    A, B = get(a), get(b)
+    A, B = get(a), lazy(get, b)
     if A.ndim < 2 or B.ndim < 2:
         raise UnsupportedOperation("triage bounds matmul of operands with >= 2 axes; got shapes "
                                    f"{A.shape} and {B.shape}")
@@ -165,10 +171,12 @@ def _r_addmm(rec, get, fmt):
 
 
 def _r_embedding(rec, get, fmt):
-    idx, w = rec.args[0], get(_arg(rec.args, rec.kwargs, 1, "weight"))
+    idx, w = rec.args[0], lazy(get, _arg(rec.args, rec.kwargs, 1, "weight"))
     if _arg(rec.args, rec.kwargs, 3, "max_norm") is not None:
         raise UnsupportedOperation("triage cannot bound embedding with max_norm (it rescales rows)")
     i = idx.detach().cpu().numpy()
+    if isinstance(w, Leaf):  # only the rows looked up
+        return [w.box(torch.from_numpy(i))]
     return [_mk(w.lo[i], w.hi[i])]
 
 
@@ -278,19 +286,6 @@ def _r_where(rec, get, fmt):
     return [_round_into(y, fmt)]
 
 
-def _r_dropout(rec, get, fmt):
-    p = _arg(rec.args, rec.kwargs, 1, "p", 0.5)
-    training = _arg(rec.args, rec.kwargs, 2, "training", True)
-    if training and p > 0:
-        raise UnsupportedOperation("triage cannot bound dropout in training mode (it is random); "
-                                   "call model.eval() first")
-    return [get(rec.args[0])]
-
-
-
-
-
-
 RULES = {
     "linear": _r_linear, "matmul": _r_matmul, "__matmul__": _r_matmul, "__rmatmul__": None,
     "mm": _r_matmul, "bmm": _r_matmul, "addmm": _r_addmm, "baddbmm": _r_addmm,
@@ -304,8 +299,7 @@ RULES = {
     "sqrt": _r_sqrt, "rsqrt": _r_rsqrt, "pow": _r_pow, "__pow__": _r_pow, "square": None,
     "neg": _r_neg, "__neg__": _r_neg, "negative": _r_neg,
     "sum": _r_sum(False), "mean": _r_sum(True), "amax": _r_amax,
-    "where": _r_where, "dropout": _r_dropout, "cross_entropy": _r_cross_entropy,
-    "scaled_dot_product_attention": _r_sdpa,
+    "where": _r_where, "cross_entropy": _r_cross_entropy, **LAYER_RULES,
 }
 for _n in ("add", "sub", "mul", "div"):
     for _v in (_n, f"__{_n}__", f"__r{_n}__", f"__i{_n}__", f"{_n}_"):
@@ -321,8 +315,10 @@ def bound(rec, get, fmt: str) -> list:
     """The operation's output bounds (one per output tensor) with results in fmt."""
     name = rec.name
     if name in EXACT:
-        if name == "pad" and _arg(rec.args, rec.kwargs, 2, "mode", "constant") != "constant":
-            raise UnsupportedOperation("triage bounds pad with mode='constant' only")
+        mode = _arg(rec.args, rec.kwargs, 2, "mode", "constant")
+        if name == "pad" and mode not in ("constant", "reflect", "replicate", "circular"):
+            raise UnsupportedOperation("triage bounds pad with mode 'constant', 'reflect', "
+                                       f"'replicate' or 'circular'; got {mode!r}")
         return _apply_exact(rec, get, fmt)
     if name in _CASTS or name in ("to", "type", "type_as"):
         return [_round_into(get(rec.args[0]), fmt)]

@@ -18,12 +18,14 @@ differently, and pairing by name alone would then compare different quantities. 
 target operation is bounded from its inputs' bounds, where an input that is a paired output
 restarts from the union (hull) of the target's and the reference's values; a leaf is the set of
 reals that round to it (joined with the paired reference leaf, or widened to a coarser
-reference format), so weights and inputs cast to a narrower format count as round-off. Each
-bound is the union over the target's and the reference's output formats (an unpaired operation:
-the coarsest format the reference uses). A mask or index computed from float values (x > 0,
+reference format), so weights and inputs cast to a narrower format count as round-off; matrix
+products read a leaf as t +- (rho |t| + tau), which holds over that set, and need no bounds
+array of the weight's size. Each bound is the union over the target's and the reference's
+output formats (an unpaired operation: the coarsest format the reference uses). A mask or index computed from float values (x > 0,
 argmax) may differ in the reference: an unpaired operation using one takes either choice.
 Type-II: some paired reference value lies outside. Unpaired operations are propagated, not
 checked, and are named as suspects (with the argument that differs) when the next check fails.
+What an operation's consumers read is held only until its last consumer has been bounded.
 
 What a verdict means. Type-I says each paired reference value is one the target's operation
 could have computed, by the kernel model in `rules`, from inputs between the two programs'
@@ -52,7 +54,15 @@ from .. import intervals as iv
 from ..tables import Table
 from . import _bounds as bd
 from . import rules as R
-from .pairing import _coarser, _coarsest, _join, _leaf_wide, _same_call, _unknown_choice
+from .pairing import (
+    _coarser,
+    _coarsest,
+    _join,
+    _leaf_wide,
+    _same_call,
+    _unknown_choice,
+    leaf_of,
+)
 from .report import Report, as_inputs, new_axes, rows_fit, short
 
 __all__ = ["OpCheck", "TriageReport", "UnsupportedOperation", "trace", "triage"]
@@ -542,7 +552,10 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
                      if t.is_floating_point() and r.src.get(id(t)) is None}
     ref_leaf_fmts |= {bd.fmt_of(t.dtype) for t in ins if t.is_floating_point()}
 
-    bounds: dict = {}
+    # streaming: what an operation's consumers read (the hull of both programs' values for a
+    # paired output, else its bound) is held only until its last consumer has been bounded
+    last = {src: rec.index for rec in tt.records for src in rec.src.values() if src is not None}
+    held: dict = {}
     checks = []
     unchecked: list[str] = []
     suspects: tuple = ()
@@ -555,11 +568,13 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
                 if other is not None:
                     return _join(bd.leaf(t), bd.leaf(other))
                 return _leaf_wide(t, ref_leaf_fmts)
-            if src in anchor:
-                tv = tt.records[src[0]].outs[src[1]]
-                return _hull(bd._np(tv), bd._np(anchor[src]))
-            return bounds[src]
+            return held[src]
 
+        def lazy(t, rec=rec):
+            if rec.src.get(id(t)) is None and t.is_floating_point():
+                return leaf_of(t, leafpair.get((rec.index, id(t))), ref_leaf_fmts)
+            return get(t)
+        get.lazy = lazy
         op = f"{rec.path + ': ' if rec.path else ''}{rec.name}#{rec.key[2]}"
         fmts = [bd.fmt_of(rec.outs[0].dtype)]
         if rec.index in ref_fmt:
@@ -585,8 +600,8 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
                 raise UnsupportedOperation(
                     f"triage cannot bound operation #{rec.index} {rec.name!r}"
                     f"{' in module ' + repr(rec.path) if rec.path else ''}"
-                    + ("" if detail == rec.name else f": {detail}")
-                    + "; supported: " + ", ".join(R.supported())) from None
+                    + (f"; supported: {', '.join(R.supported())}" if detail == rec.name
+                       else f": {detail}")) from None
             if kernel is not None:
                 declared.append((op, kernel.describe()))
             bs = [bd._mk(np.minimum.reduce([p[j].lo for p in per]),
@@ -595,7 +610,9 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
             if tuple(b.shape) != tuple(o.shape):
                 raise RuntimeError(f"internal: the rule for {rec.name} gave shape {b.shape}, the "
                                    f"operation {tuple(o.shape)}")
-            bounds[(rec.index, j)] = b
+            if (rec.index, j) in last:
+                held[(rec.index, j)] = (_hull(bd._np(o), bd._np(anchor[(rec.index, j)]))
+                                        if (rec.index, j) in anchor else b)
             if (rec.index, j) in anchor:
                 label = op + (f"[{j}]" if len(rec.outs) > 1 else "")
                 c = _check(rec.index, label, b, bd._np(anchor[(rec.index, j)]), bd._np(o),
@@ -609,6 +626,9 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
             why = differs.get(rec.index)
             unchecked.append(f"#{rec.index} {op}" + (f" (differs from the reference: {why})"
                                                      if why else ""))
+        for src in set(rec.src.values()) - {None}:
+            if last[src] == rec.index:
+                del held[src]
     verdict = "Type-II" if any(c.verdict == "Type-II" for c in checks) else "Type-I"
     return TriageReport(verdict, tuple(checks), suspects[-6:], len(tt.records), len(checks),
                         tuple(declared), branches=len(rt.branches) + len(tt.branches))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import nbformat
@@ -185,13 +187,29 @@ def test_notebook_is_stored_executed_in_order(path):
 # --- (v) CI runs the README's test command -----------------------------------------------
 
 
+CI_STEPS = ("-m ruff check .", "scripts/nbval_tags.py --check", "-m pytest",
+            "ATEN_CPU_CAPABILITY=default python3 -m pytest",
+            "-m jupyter book build . -W -n --keep-going", '-m "browser or colab"')
+
+
 def test_ci_runs_readme_test_command_verbatim():
     build_command, test_command = _readme_commands()
-    assert "pytest" in test_command and "build" in build_command
+    assert build_command.endswith(" && make book") and test_command.endswith(" && make ci")
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert test_command in ci, ".ci/run must contain the README's test command verbatim"
     assert ci.startswith("#!/usr/bin/env bash\n")
     assert "set -euo pipefail" in ci
+
+
+def test_make_ci_runs_every_step():
+    if shutil.which("make") is None:
+        pytest.skip("GNU make is not installed")
+    run = {"cwd": ROOT, "capture_output": True, "text": True, "check": True}
+    steps = subprocess.run(["make", "-n", "ci"], **run).stdout
+    missing = [step for step in CI_STEPS if step not in steps]
+    assert not missing, f"`make ci` no longer runs {missing}:\n{steps}"
+    assert re.search(r"^ATEN_CPU_CAPABILITY=default .*-m pytest.* notebooks$", steps, re.M)
+    assert "-m jupyter book build ." in subprocess.run(["make", "-n", "book"], **run).stdout
 
 
 def test_ci_script_is_executable():

@@ -2,7 +2,34 @@
 reduced-precision training, written to accompany the book "Numerics Under Pressure".
 
 Submodules are imported explicitly by the code that needs them, for example
-``from precisionlab import formats``.
+``from precisionlab import formats``. One room per concept; a concept too big for one file is
+a folder whose ``__init__`` re-exports its public names and lists its files. From the ground
+floor up; a module imports only from floors below its own:
+
+1. ``checks`` -- argument checks; each error names the parameter, the bad value and the
+   valid choices. ``formats`` -- ``FloatFormat``, the registry (float64 ... float4_e2m1fn)
+   and the one table of short names (``ALIASES``, ``short_name``).
+2. ``rounding`` -- fl(x) into a format in six modes (``round_to``), ``ulp``,
+   ``next_up``/``next_down``, bit fields, and the one rounding-mode check. ``tables`` --
+   the chapters' table printer and the format table.
+3. ``emulate/`` -- portable reduced-precision arithmetic with autograd: fixed-order
+   matmul and sums, elementwise ops rounded once, the portable exp/log and normal sampler,
+   optimizers, and the numba kernels that mirror them; the same bits on every CPU.
+   ``gpu/`` -- how GPUs add: reduction orders, matmuls, tensor cores, device profiles and
+   ``Kernel`` (one description of how a sum or matmul runs). ``updates`` -- updates that a
+   narrow weight format swallows, boundary crossings, weight-storage policies.
+4. ``world/`` -- the differentiable bouncing ball whose solver's stopping rule runs in a
+   chosen precision. ``rl/`` -- the toy policy, rollout engine, GRPO loss and the
+   alpha/beta split, trainer, and the stored runs. ``scaling`` -- loss scalers with
+   ``torch.amp.GradScaler``'s semantics. ``underflow`` -- gradient attenuation by depth and
+   per-layer gradient health. ``intervals/`` -- interval arithmetic with outward rounding,
+   per-operation bound rules, propagation and the round-off-or-bug verdict, and the
+   labelled corpus.
+5. ``mixed_precision`` -- a run's precision policy (autocast device and dtype, loss
+   scaler) and low-precision weight storage. ``plotting/`` -- the house style and the
+   figures (``ax=None`` in, the Axes out).
+6. ``widgets/`` -- the frame switcher (its JS and CSS are package data) and one view per
+   chapter. ``diagnose/`` -- the book's lessons pointed at the reader's own model.
 """
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"

@@ -1,0 +1,42 @@
+# The project's commands; the README and .ci/run call these targets. `make` alone lists them.
+# Every tool is reached through the interpreter (python3 -m ...), so nothing depends on pip's
+# script directory being on PATH. Override the interpreter with `make test PYTHON=python3.11`.
+
+PYTHON ?= python3
+PYTEST := $(PYTHON) -m pytest
+NB ?= notebooks/*.ipynb
+# torch's CPU kernels forced down to their scalar versions: checked outputs must not change.
+SCALAR := ATEN_CPU_CAPABILITY=default
+
+.PHONY: help test lint notebooks execute book browser bench ci
+# ci's steps run in the order listed, also under `make -j`: the browser test reads the book.
+.NOTPARALLEL:
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
+
+test: lint  ## ruff and the nbval-tag check, then unit and notebook tests (nbval)
+	$(PYTEST) $(PYTEST_ARGS)
+
+lint:  ## ruff (package, tests, scripts, benchmarks, notebooks) and nbval marker comments
+	$(PYTHON) -m ruff check .
+	$(PYTHON) scripts/nbval_tags.py --check notebooks/*.ipynb
+
+notebooks:  ## notebook tests again with scalar CPU kernels: same stored outputs
+	$(SCALAR) $(PYTEST) $(PYTEST_ARGS) notebooks
+
+execute:  ## re-execute notebooks in place and time them (one: make execute NB=notebooks/01-*)
+	$(PYTHON) scripts/execute_notebooks.py $(NB)
+
+book:  ## build the HTML book into _build/html, warnings as errors
+	$(PYTHON) -m jupyter book build . -W -n --keep-going
+
+browser:  ## the built book in headless Chromium, and the Colab path from a fresh venv
+	$(PYTEST) -p no:cacheprovider -m "browser or colab" tests/test_browser.py \
+	    tests/test_colab_path.py
+
+bench:  ## every benchmark script (speed goals, printed as tables; not part of ci)
+	@set -e; for script in benchmarks/*.py; do echo "== $$script"; $(PYTHON) $$script; done
+
+ci: PYTEST_ARGS += --durations=15
+ci: test notebooks book browser  ## everything CI runs (.ci/run), in this order

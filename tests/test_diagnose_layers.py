@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from precisionlab import diagnose
-from precisionlab.diagnose import _bounds as B
+from precisionlab.diagnose import bound_ops as B
 from precisionlab.diagnose.pairing import leaf_of
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from precisionlab import diagnose
-from precisionlab.diagnose import _bounds as B
+from precisionlab.diagnose import bound_ops as B
 from precisionlab.diagnose import rules as R
 
 mpmath.mp.dps = 40

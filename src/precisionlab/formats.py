@@ -57,7 +57,7 @@ class FloatFormat:
     @property
     def torch_dtype(self) -> Any:
         """The torch dtype with this exact format, or None where torch has none (tf32)."""
-        import torch
+        import torch  # optional here: formats is the ground floor and imports no framework
 
         return getattr(torch, self.name, None) if self.name != "tf32" else None
 

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 
 from ..formats import FloatFormat, get_format
 from ..tables import Table
+from ..updates import swallowed as update_swallowed
 from .report import (
     Report,
     as_inputs,
@@ -108,8 +110,6 @@ def _stats(name, kind, g, scale, formats, w=None, lr=None, optimizer="sgd") -> T
     nonzero, nonfinite, mx, mn, fl, sub, ov, hist = _count(g, scale, formats)
     swallowed = updated = 0
     if w is not None and lr is not None:
-        from ..updates import swallowed as _swallowed
-
         gd = g.detach().to(torch.float64).reshape(-1).cpu()
         # Adam's first step: the bias-corrected moments are g and g^2, so the step is
         # lr g / (|g| + eps) with torch's eps = 1e-8: lr sign(g) unless |g| is near eps
@@ -118,7 +118,7 @@ def _stats(name, kind, g, scale, formats, w=None, lr=None, optimizer="sgd") -> T
         wb = w.detach().to(torch.bfloat16).to(torch.float64).reshape(-1).cpu()[keep]
         updated = int(keep.sum())
         if updated:
-            swallowed = int(np.count_nonzero(_swallowed(wb.numpy(), step[keep].numpy(), "bfloat16")))
+            swallowed = int(np.count_nonzero(update_swallowed(wb.numpy(), step[keep].numpy(), "bfloat16")))
     return TensorGradients(name, kind, tuple(g.shape), g.numel(), nonzero, nonfinite, mx, mn,
                            fl, sub, ov, hist, swallowed, updated)
 
@@ -255,8 +255,6 @@ class GradientReport(Report):
     def scale_view(self, scale_exp: int = 0, fmt: str = "float16"):
         """(Table, Figure): per parameter tensor, the share of nonzero entries that stay below
         fmt's normal floor and whether any overflows, at loss scale 2^scale_exp."""
-        from matplotlib.figure import Figure
-
         f = get_format(fmt)
         if isinstance(scale_exp, bool) or not isinstance(scale_exp, (int, np.integer)):
             raise ValueError(f"scale_exp must be an integer; got scale_exp={scale_exp!r}")

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from .. import intervals as iv
 from ..formats import get_format
-from . import _bounds as bd
-from .rows import _softmax_rule, _sum_rule
+from . import bound_ops as bd
+from .rows import softmax_rule, sum_rule
 
 # --------------------------------------------------------------------------- convolution
 
@@ -168,7 +168,7 @@ def attention_bound(q, k, v, mask, get, causal: bool, scale, fmt: str, cpu: bool
     if causal:
         keep = np.tril(np.ones(s.shape[-2:], dtype=bool))
         s = bd._mk(np.where(keep, s.lo, -np.inf), np.where(keep, s.hi, -np.inf))
-    p = _softmax_rule(_add_mask(s, mask, get, inner), -1, inner)
+    p = softmax_rule(_add_mask(s, mask, get, inner), -1, inner)
     if inner == fmt:
         return bd._mm(p, v, None, fmt)
     return bd._round_into(bd._mm(bd._widen_rel(p, 1.0, fmt), v, None, inner), fmt)
@@ -276,7 +276,7 @@ def _r_mha(rec, get, fmt):
         causal = False
     if p["need_weights"]:  # q scaled, baddbmm(mask, q, k^T), softmax, bmm
         s = bd._mm(_scaled(q, math.sqrt(1.0 / float(hd)), fmt), _swap(k), mask, fmt)
-        w8 = _softmax_rule(s, -1, fmt)
+        w8 = softmax_rule(s, -1, fmt)
         o = bd._mm(w8, v, None, fmt)
     else:  # scaled_dot_product_attention on (N, h, n, hd), the mask as (N, h, L, S) or (1, 1, L, S)
         if mask is not None:
@@ -296,7 +296,7 @@ def _r_mha(rec, get, fmt):
         return [out]
     w4 = bd._mk(w8.lo.reshape(N, h, L, S), w8.hi.reshape(N, h, L, S))
     if p["average_attn_weights"]:
-        w4 = _sum_rule(w4, 1, False, fmt, mean=True)
+        w4 = sum_rule(w4, 1, False, fmt, mean=True)
     if not batched:
         w4 = bd._mk(w4.lo[0], w4.hi[0])
     return [out, w4]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..plotting import plot_beta_vs_logprob
 from ..tables import Table
 from .report import Report, as_inputs, check_module, fmt_share, new_axes
 
@@ -148,8 +149,6 @@ class MismatchReport(Report):
 
     def plot(self, ax=None):
         """|beta| against the reference log-probability, median per bin."""
-        from ..plotting import plot_beta_vs_logprob
-
         ax = new_axes(ax)
         plot_beta_vs_logprob(self.logp_reference.ravel(), self.beta.ravel(), ax=ax)
         ax.set_ylabel(f"|beta| = |log p {self.reference} - log p {self.other}|")

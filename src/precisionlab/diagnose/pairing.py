@@ -9,7 +9,7 @@ import torch
 
 from .. import intervals as iv
 from ..formats import get_format
-from . import _bounds as bd
+from . import bound_ops as bd
 
 _IGNORED = (torch.dtype, torch.device, torch.layout, torch.memory_format)
 _RANK = {"float64": 3, "float32": 2, "bfloat16": 1, "float16": 1}

@@ -6,9 +6,11 @@ loss), each naming the argument that is wrong.
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Sequence
 
+import matplotlib.pyplot as plt
 import torch
 
 from ..tables import Table
@@ -46,8 +48,6 @@ class Report:
         return self.to_text()
 
     def _repr_html_(self) -> str:
-        import html
-
         head = self.summary()
         pre = (f'<pre style="font-size: 0.9em; line-height: 1.35">{html.escape(head)}</pre>'
                if head else "")
@@ -65,8 +65,6 @@ def new_axes(ax, width: float = 7.0, height: float = 3.2):
     """ax itself, or the Axes of a new figure of the given size (inches)."""
     if ax is not None:
         return ax
-    import matplotlib.pyplot as plt
-
     _, ax = plt.subplots(figsize=(width, height))
     return ax
 

@@ -10,7 +10,7 @@ import torch
 
 from .. import intervals as iv
 from ..formats import get_format
-from ._bounds import (
+from .bound_ops import (
     _REL,
     _TINY,
     UnsupportedOperation,
@@ -88,7 +88,7 @@ def _row_nan(z: iv.Interval) -> np.ndarray:
             | (z.hi == -np.inf).all(-1, keepdims=True))
 
 
-def _softmax_rule(x, dim, fmt, log=False):
+def softmax_rule(x, dim, fmt, log=False):
     """Softmax / log-softmax along dim. Kernel model: float32 (float64) internally, n + 4 ulps;
     a float16/bfloat16 result may also keep intermediates in its format: for softmax the
     exponentials and the reciprocal of the sum (2 more ulps); for log-softmax x - max, the sum,
@@ -178,7 +178,7 @@ def _norm_rule(x: iv.Interval, nshape, w, b, eps, fmt: str, rms: bool = False):
     return _mk(y.lo.reshape(x.shape), y.hi.reshape(x.shape))
 
 
-def _sum_rule(x: iv.Interval, dim, keepdim: bool, fmt: str, mean: bool):
+def sum_rule(x: iv.Interval, dim, keepdim: bool, fmt: str, mean: bool):
     axes = tuple(range(x.ndim)) if dim is None else ((dim,) if isinstance(dim, int) else tuple(dim))
     axes = tuple(a % max(x.ndim, 1) for a in axes)
     n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
@@ -196,16 +196,16 @@ def _sum_rule(x: iv.Interval, dim, keepdim: bool, fmt: str, mean: bool):
     return _nan_where(_finish(_mk(lo, hi), fmt, 0.5 if mean else 0), over)
 
 
-def _r_softmax(log):
+def rule_softmax(log):
     def rule(rec, get, fmt):
         dim = _arg(rec.args, rec.kwargs, 1, "dim")
         if dim is None:
             raise UnsupportedOperation("triage needs softmax's dim given explicitly")
-        return [_softmax_rule(get(rec.args[0]), dim, fmt, log)]
+        return [softmax_rule(get(rec.args[0]), dim, fmt, log)]
     return rule
 
 
-def _r_layer_norm(rec, get, fmt):
+def rule_layer_norm(rec, get, fmt):
     x = get(rec.args[0])
     nshape = tuple(_arg(rec.args, rec.kwargs, 1, "normalized_shape"))
     w, b = _arg(rec.args, rec.kwargs, 2, "weight"), _arg(rec.args, rec.kwargs, 3, "bias")
@@ -214,7 +214,7 @@ def _r_layer_norm(rec, get, fmt):
                        eps, fmt)]
 
 
-def _r_rms_norm(rec, get, fmt):
+def rule_rms_norm(rec, get, fmt):
     x = get(rec.args[0])
     nshape = tuple(_arg(rec.args, rec.kwargs, 1, "normalized_shape"))
     w = _arg(rec.args, rec.kwargs, 2, "weight")
@@ -227,15 +227,15 @@ def _r_rms_norm(rec, get, fmt):
     return [_norm_rule(x, nshape, get(w) if _is_t(w) else None, None, eps, fmt, rms=True)]
 
 
-def _r_sum(mean):
+def rule_sum(mean):
     def rule(rec, get, fmt):
         dim = _arg(rec.args, rec.kwargs, 1, "dim")
         keep = bool(_arg(rec.args, rec.kwargs, 2, "keepdim", False))
-        return [_sum_rule(get(rec.args[0]), dim, keep, fmt, mean)]
+        return [sum_rule(get(rec.args[0]), dim, keep, fmt, mean)]
     return rule
 
 
-def _r_cross_entropy(rec, get, fmt):
+def rule_cross_entropy(rec, get, fmt):
     logits, target = get(rec.args[0]), rec.args[1]
     if _arg(rec.args, rec.kwargs, 2, "weight") is not None or \
             float(rec.kwargs.get("label_smoothing", 0.0)) != 0.0:
@@ -256,7 +256,7 @@ def _r_cross_entropy(rec, get, fmt):
         logits = _mk(np.moveaxis(logits.lo, 1, -1), np.moveaxis(logits.hi, 1, -1))
     keep = lab != ignore
     safe = np.where(keep, lab, 0)
-    ls = _softmax_rule(logits, -1, "float64", log=True)
+    ls = softmax_rule(logits, -1, "float64", log=True)
     inner = _internal(fmt)
     n = logits.shape[-1]
     u = get_format(inner).unit_roundoff
@@ -277,7 +277,7 @@ def _r_cross_entropy(rec, get, fmt):
     if m == 0:  # 0 / 0
         return [_mk(-np.inf, np.inf)]
     if not _reduced(fmt):  # float32 (float64) accumulation in any order
-        total = _sum_rule(per, None, False, inner, mean=False)
+        total = sum_rule(per, None, False, inner, mean=False)
         if reduction == "sum":
             return [_round_into(total, fmt)]
         return [_finish(_mk(_dn(total.lo / m), _up(total.hi / m)), fmt, 0.5)]

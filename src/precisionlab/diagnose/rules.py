@@ -41,7 +41,7 @@ import torch
 
 from .. import intervals as iv
 from ..formats import get_format
-from ._bounds import (
+from .bound_ops import (
     _FN_ULPS,
     Leaf,
     UnsupportedOperation,
@@ -66,7 +66,7 @@ from ._bounds import (
     leaf,
 )
 from .layers import LAYER_RULES
-from .rows import _r_cross_entropy, _r_layer_norm, _r_rms_norm, _r_softmax, _r_sum
+from .rows import rule_cross_entropy, rule_layer_norm, rule_rms_norm, rule_softmax, rule_sum
 
 __all__ = ["EXACT", "RULES", "UnsupportedOperation", "bound", "leaf", "supported"]
 
@@ -289,8 +289,8 @@ def _r_where(rec, get, fmt):
 RULES = {
     "linear": _r_linear, "matmul": _r_matmul, "__matmul__": _r_matmul, "__rmatmul__": None,
     "mm": _r_matmul, "bmm": _r_matmul, "addmm": _r_addmm, "baddbmm": _r_addmm,
-    "softmax": _r_softmax(False), "log_softmax": _r_softmax(True),
-    "layer_norm": _r_layer_norm, "rms_norm": _r_rms_norm, "embedding": _r_embedding,
+    "softmax": rule_softmax(False), "log_softmax": rule_softmax(True),
+    "layer_norm": rule_layer_norm, "rms_norm": rule_rms_norm, "embedding": _r_embedding,
     "gelu": _r_gelu, "relu": _r_relu, "relu_": _r_relu,
     "silu": _r_unary(torch.nn.functional.silu, _FN_ULPS, "uni", -1.2784645428, flush=True),
     "tanh": _r_unary(torch.tanh, _FN_ULPS),
@@ -298,8 +298,8 @@ RULES = {
     "exp": _r_unary(torch.exp, _FN_ULPS), "log": _r_unary(torch.log, _FN_ULPS, domain=True),
     "sqrt": _r_sqrt, "rsqrt": _r_rsqrt, "pow": _r_pow, "__pow__": _r_pow, "square": None,
     "neg": _r_neg, "__neg__": _r_neg, "negative": _r_neg,
-    "sum": _r_sum(False), "mean": _r_sum(True), "amax": _r_amax,
-    "where": _r_where, "cross_entropy": _r_cross_entropy, **LAYER_RULES,
+    "sum": rule_sum(False), "mean": rule_sum(True), "amax": _r_amax,
+    "where": _r_where, "cross_entropy": rule_cross_entropy, **LAYER_RULES,
 }
 for _n in ("add", "sub", "mul", "div"):
     for _v in (_n, f"__{_n}__", f"__r{_n}__", f"__i{_n}__", f"{_n}_"):

@@ -52,7 +52,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import intervals as iv
 from ..tables import Table
-from . import _bounds as bd
+from . import bound_ops as bd
 from . import rules as R
 from .pairing import (
     _coarser,

@@ -354,10 +354,10 @@ def test_batch_draws_are_box_muller_on_torch_uniforms():
 
 
 def test_orthogonal_matrices_match_lapack_qr():
-    from precisionlab.underflow import _orthonormal_columns
+    from precisionlab.underflow import orthonormal_columns
 
     a = emulate.randn(4, 24, 24, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    q = _orthonormal_columns(a)
+    q = orthonormal_columns(a)
     ref, r = torch.linalg.qr(a)
     ref = ref * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # diag(R) > 0
     assert torch.allclose(q, ref, atol=1e-10, rtol=0)

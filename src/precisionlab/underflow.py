@@ -33,8 +33,7 @@ import numpy as np
 import torch
 
 from . import emulate
-from .checks import check_choice
-from .checks import check_positive as _check_positive
+from .checks import check_choice, check_positive
 from .emulate import BACKENDS, Precision, exp64, fixed_sum, log64
 from .formats import FloatFormat, get_format
 
@@ -85,8 +84,8 @@ def floor_value(fmt="float16", floor: str = "zero") -> float:
 
 def gradient_by_depth(attenuation: float, depth: int, g0: float = 1.0) -> np.ndarray:
     """g_k = g0 · a^k for k = 0, ..., depth - 1 (float64)."""
-    a = _check_positive(attenuation, "attenuation")
-    g = _check_positive(g0, "g0")
+    a = check_positive(attenuation, "attenuation")
+    g = check_positive(g0, "g0")
     if int(depth) != depth or depth < 1:
         raise ValueError(f"depth must be a positive integer; got depth={depth!r}")
     return g * np.power(a, np.arange(int(depth), dtype=np.float64))
@@ -99,8 +98,8 @@ def first_underflow_depth(attenuation: float, fmt="float16", g0: float = 1.0,
     Exact: the float64 estimate k = log(T/g0)/log(a) is confirmed with rational arithmetic
     whenever it lies close to an integer. None means the gradient never gets there (a >= 1).
     """
-    a = _check_positive(attenuation, "attenuation")
-    g = _check_positive(g0, "g0")
+    a = check_positive(attenuation, "attenuation")
+    g = check_positive(g0, "g0")
     t = floor_value(fmt, floor)
     strict = floor != "zero"
 
@@ -142,7 +141,7 @@ def _precision(fmt, backend: str) -> Precision:
     return Precision(_network_format(fmt), backend=backend)
 
 
-def _orthonormal_columns(a: torch.Tensor) -> torch.Tensor:
+def orthonormal_columns(a: torch.Tensor) -> torch.Tensor:
     """Modified Gram-Schmidt on each (n, n) matrix of a (float64), dot products by fixed_sum.
 
     The result Q has positive diag(R) in a = QR, so for Gaussian a it is Haar-distributed (what
@@ -164,7 +163,7 @@ def _orthonormal_columns(a: torch.Tensor) -> torch.Tensor:
 def _initial_draws(depth: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(Q, z): depth Haar-orthogonal (width, width) matrices and N(0, 1) bias draws, float64."""
     gen = torch.Generator().manual_seed(int(seed))
-    q = _orthonormal_columns(emulate.randn(depth, width, width, generator=gen, dtype=torch.float64))
+    q = orthonormal_columns(emulate.randn(depth, width, width, generator=gen, dtype=torch.float64))
     return q, emulate.randn(depth, width, generator=gen, dtype=torch.float64)
 
 
@@ -179,7 +178,7 @@ class AttenuatingNet(torch.nn.Module):
     def __init__(self, depth: int = 96, width: int = 64, attenuation: float = 0.82,
                  fmt="float32", seed: int = 0, backend: str = "emulated"):
         super().__init__()
-        a = _check_positive(attenuation, "attenuation")
+        a = check_positive(attenuation, "attenuation")
         if int(depth) != depth or depth < 1:
             raise ValueError(f"depth must be a positive integer; got depth={depth!r}")
         if int(width) != width or width < 1:
@@ -315,7 +314,7 @@ def probe_gradients(net: AttenuatingNet, x: torch.Tensor, t: torch.Tensor,
     gradient entering each layer's backward pass, and the weight gradients), so a flushed
     entry contributes nothing to the next layer's sums. The weights themselves are not flushed.
     """
-    s = _check_positive(loss_scale, "loss_scale")
+    s = check_positive(loss_scale, "loss_scale")
     if not isinstance(flush_to_zero, (bool, np.bool_)):
         raise ValueError(f"flush_to_zero must be True or False; got flush_to_zero={flush_to_zero!r}")
     prec = net.prec
@@ -374,7 +373,7 @@ def train_probe(attenuation: float = 0.82, depth: int = 96, fmt="float16", steps
         raise ValueError(f"steps must be a positive integer; got steps={steps!r}")
     if not isinstance(master, (bool, np.bool_)):
         raise ValueError(f"master must be True or False; got master={master!r}")
-    lr = _check_positive(lr, "lr")
+    lr = check_positive(lr, "lr")
     net = AttenuatingNet(depth, width, attenuation, fmt, seed, backend)
     x, t = make_batch(width, batch, fmt, seed)
     if master:
@@ -420,7 +419,7 @@ def measured_underflow_depth(grads: LayerGradients, which: str = "signal",
 
 def fit_g0(grads32: LayerGradients, attenuation: float, which: str = "signal") -> float:
     """The model's intercept: g0 = exp(median_k(log m_k - k log a)), m_k = median |g| at depth k."""
-    a = _check_positive(attenuation, "attenuation")
+    a = check_positive(attenuation, "attenuation")
     med = grads32.stats(which).median_abs
     k = np.arange(med.size)
     ok = med > 0

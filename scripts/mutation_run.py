@@ -224,6 +224,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("intervals/bounds", "x__stage",
      "if np.isfinite(reach) and reach * 1.001 + 4 * (1.0 if extra is None else float(np.max(extra))) < fmt.max_finite:"):
         "computes the partial-sum extremes in a few more cases, where they stay below reach < max",
+    ("intervals/softmax", "x__gap_bounds", 'with np.errstate(invalid="ignore", ):'):
+        "the only NumPy arithmetic in that block is 1 + d with d >= 0 (perhaps inf): it cannot overflow",
     ("intervals/bounds", "x__stage", 'with np.errstate(invalid="ignore", over=None):'):
         "slo - extra, shi + extra with a tiny extra cannot overflow (or give inf - inf)",
     ("intervals/bounds", "x__bound_sum", 'slo, shi, snan = _stage(lo, hi, nan, theta, acc, k.mode, "ANY")'):

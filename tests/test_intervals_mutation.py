@@ -589,12 +589,13 @@ def test_the_oblivious_rule_is_wider_for_tensor_cores_too():
 def test_tensor_core_bounds_with_tiny_and_cancelling_products():
     k16 = K("tensor_core", inputs="float16", out="float16")
     B = 4  # the A100 model's block of products
-    # one product of 1.5 q per block: each block's float16 result rounds 1.5 q to 2 q
-    a = np.zeros((1, 2 * B))
-    a[0, [0, B]] = 1.5 * 2.0**-12
-    b = np.full((2 * B, 1), 2.0**-12)
+    # one product of 1.5 q per block: each block's float16 result rounds 1.5 q to 2 q, and the
+    # four blocks give 8 q for the exact 6 q
+    a = np.zeros((1, 4 * B))
+    a[0, ::B] = 1.5 * 2.0**-12
+    b = np.full((4 * B, 1), 2.0**-12)
     m = iv.matmul(iv.point(a), iv.point(b), k16)
-    assert iv.matmul(a, b, k16)[0, 0] == 4 * 2.0**-24 and m.contains(iv.matmul(a, b, k16)).all()
+    assert iv.matmul(a, b, k16)[0, 0] == 8 * 2.0**-24 and m.contains(iv.matmul(a, b, k16)).all()
     # block sums 6e4, -6e4, 6e4: no float16 overflow in order, though the positive terms reach 1.2e5
     a = np.array([[15000.0] * B + [-15000.0] * B + [15000.0] * B])
     m = iv.matmul(iv.point(a), iv.point(np.ones((3 * B, 1))), k16)

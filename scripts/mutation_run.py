@@ -172,6 +172,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("intervals/outward", "x_up", "x = np.asarray(x, dtype=None)"): _F64_IN,
     ("intervals/outward", "x__tree_slack", "return s, np.zeros_like(None)"):
         "np.zeros_like(None) is an object 0, and s - 0, s + 0 are s",
+    ("intervals/outward", "x__tree_slack", 'with np.errstate(invalid=None, over="ignore"):'):
+        "the second tree sums |t|: nonnegative finite terms never meet inf - inf, so no invalid "
+        "operation is left to silence",
     ("intervals/outward", "x__sum_bound", "t = np.asarray(t, dtype=None)"): _F64_IN,
     ("intervals/outward", "x__sum_bound", "if sign <= 0:"): "sign is -1 or +1",
     ("intervals/outward", "x_sum_up", "return _sum_bound(t, +2)"): "_sum_bound only tests sign < 0",

@@ -86,8 +86,8 @@ MUTANTS: list[Mutant] = [
       "elementwise backward does not round the incoming gradient"),
     M("E9", "emulate", "(1.0 + 3 * 0.044715 * x * x)", "(1.0 + 0.044715 * x * x)",
       "gelu derivative drops the factor 3 of the cubic term"),
-    M("E10", "emulate", "gb = prec.round(_sum_over(g, per_channel))",
-      "gb = prec.round(_sum_over(gy, per_channel))",
+    M("E10", "emulate", "gb = prec.round(sum_over(g, per_channel))",
+      "gb = prec.round(sum_over(gy, per_channel))",
       "group_norm's bias gradient is multiplied by the weight"),
     M("E11", "emulate", "r = 1.0 / torch.sqrt(fixed_sum(d * d, -1, keepdim=True) / m + eps)",
       "r = 1.0 / torch.sqrt(fixed_sum(d * d, -1, keepdim=True) / (m - 1) + eps)",
@@ -130,14 +130,13 @@ MUTANTS: list[Mutant] = [
     M("W6", "world", "c = r(world.alpha * kb)", "c = world.alpha * kb",
       "the projection gain alpha k is not rounded to the state format"),
     M("W7", "world",
-      '    hg = float(round_to(world.h * world.g, world.fmt)) if world.fmt != "float64" else world.h * world.g\n'
-      '    if world.contact == "projection":',
-      '    hg = world.h * world.g\n    if world.contact == "projection":',
+      "        return float(round_to(self.h * self.g, self.fmt))",
+      "        return self.h * self.g",
       "h g is not rounded to the state format in rollout"),
     M("W8", "world", "mask = go_ball & active[:, None]", "mask = np.repeat(active[:, None], n, axis=1)",
       "per_instance moves every ball of an active lane"),
-    M("W9", "world", "loss_lanes = emulate.fixed_sum(per_ball, dim=-1) / n",
-      "loss_lanes = emulate.fixed_sum(per_ball, dim=-1) / lanes", "the loss divides by the lane count"),
+    M("W9", "world", "loss_lanes = fixed_sum(per_ball, dim=-1) / n",
+      "loss_lanes = fixed_sum(per_ball, dim=-1) / lanes", "the loss divides by the lane count"),
     M("W10", "world", "f = torch.where(p > 0, r(f - r(world.damping * v)), f)",
       "f = torch.where(p >= 0, r(f - r(world.damping * v)), f)", "damping acts in free flight"),
     M("W11", "world", "hit = (y < 0).numpy() & (out == T)", "hit = (y <= 0).numpy() & (out == T)",
@@ -170,6 +169,18 @@ MUTANTS: list[Mutant] = [
       "s, t = float(init_scale), 0\n    for i, f in enumerate(flags):",
       "simulate_scale_history starts from a non-float32 scale"),
 ]
+
+
+def _file_of(m: Mutant) -> Path:
+    """The one file of the module (a file, or any file of its folder) holding m's fragment once."""
+    base = ROOT / "src/precisionlab"
+    files = [base / f"{m.module}.py"] if (base / f"{m.module}.py").exists() else sorted(
+        (base / m.module).rglob("*.py"))
+    hits = [(f, f.read_text().count(m.old)) for f in files]
+    hits = [(f, c) for f, c in hits if c]
+    if len(hits) != 1 or hits[0][1] != 1:
+        raise SystemExit(f"{m.id}: fragment found {sum(c for _, c in hits)} times in {m.module}")
+    return hits[0][0].relative_to(ROOT)
 
 
 def _copy_tree(dst: Path) -> None:
@@ -209,11 +220,12 @@ def main(argv=None) -> int:
         for m in mutants:
             print(f"{m.id:4} {m.module:8} {m.what}")
         return 0
+    where_of = {}
     for m in mutants:  # every fragment must exist once and the mutant must compile
-        text = (ROOT / "src/precisionlab" / f"{m.module}.py").read_text()
-        if text.count(m.old) != 1:
-            raise SystemExit(f"{m.id}: fragment found {text.count(m.old)} times in {m.module}.py")
-        compile(text.replace(m.old, m.new), f"{m.module}.py", "exec")
+        rel = _file_of(m)
+        text = (ROOT / rel).read_text()
+        compile(text.replace(m.old, m.new), str(rel), "exec")
+        where_of[m.id] = rel
 
     with tempfile.TemporaryDirectory(prefix="mutation_") as tmp:
         dst = Path(tmp)
@@ -235,7 +247,7 @@ def main(argv=None) -> int:
                 if status != "pass":
                     raise SystemExit("the unmutated package must pass its tests")
         for m in mutants:
-            path = dst / "src/precisionlab" / f"{m.module}.py"
+            path = dst / where_of[m.id]
             original = path.read_text()
             stat = path.stat()
             path.write_text(original.replace(m.old, m.new))

@@ -39,9 +39,13 @@ structure is known:
   layer's reference output cannot be explained by the target's round-off.
 * `high_precision_verdict`: the baseline that re-executes the target in float64 and asks
   `allclose` again.
+* `masked_softmax`, `mask_after_softmax` (`masking`): attention masks by -inf or an additive
+  bias before the softmax, and the bug that masks after it.
 * `CORPUS` and `build_case` (`corpus`): a labelled set of mismatches (round-off and bugs,
   kernels and small networks, masked attention among them) built with the simulator, on
-  which the three methods are compared; `dot_by_hand` and `injected_bug` (`demos`) serve the
+  which the three methods are compared, with the source's labels and the comparison table;
+  `source_charge` (`source_rules`): the source's own first-order charge for a tiled matmul
+  with atomic adds; `dot_by_hand`, `every_order` and `injected_bug` (`demos`) serve the
   chapter's walk-through and widget.
 
 Non-finite values, one convention for every rule:
@@ -65,9 +69,30 @@ Non-finite values, one convention for every rule:
 
 from ..gpu import KERNEL_ORDERS, Kernel, leaf_depths, promote
 from .bounds import matmul, sum_
-from .corpus import CORPUS, CaseResult, MismatchCase, build_case, evaluate_case
-from .demos import BUG_KERNELS, BugCheck, DotStep, dot_by_hand, injected_bug
+from .corpus import (
+    CORPUS,
+    EXTRA_CASES,
+    METHODS,
+    SOURCE_LABELS,
+    CaseResult,
+    MismatchCase,
+    build_case,
+    corpus_table,
+    evaluate_case,
+    source_issue,
+    uniform_data,
+)
+from .demos import (
+    BUG_KERNELS,
+    BugCheck,
+    DotStep,
+    dot_by_hand,
+    every_order,
+    injected_bug,
+    orders_outside,
+)
 from .interval import RULES, Interval, concrete, hull, point
+from .masking import mask_after_softmax, masked_scores, masked_softmax
 from .ops import (
     SOURCE_ULP_TABLE,
     ULP_BUDGETS,
@@ -84,6 +109,7 @@ from .ops import (
     where,
 )
 from .softmax import cross_entropy, log_softmax, softmax
+from .source_rules import source_charge
 from .verdicts import (
     ASSERT_CLOSE_TOLERANCES,
     Layer,
@@ -100,8 +126,11 @@ __all__ = [
     "ASSERT_CLOSE_TOLERANCES",
     "BUG_KERNELS",
     "CORPUS",
+    "EXTRA_CASES",
     "KERNEL_ORDERS",
+    "METHODS",
     "RULES",
+    "SOURCE_LABELS",
     "SOURCE_ULP_TABLE",
     "ULP_BUDGETS",
     "BugCheck",
@@ -120,27 +149,36 @@ __all__ = [
     "cast",
     "classify",
     "concrete",
+    "corpus_table",
     "cross_entropy",
     "div",
     "dot_by_hand",
     "evaluate_case",
+    "every_order",
     "exp",
     "high_precision_verdict",
     "hull",
     "injected_bug",
     "leaf_depths",
     "log_softmax",
+    "mask_after_softmax",
+    "masked_scores",
+    "masked_softmax",
     "matmul",
     "maximum",
     "mul",
+    "orders_outside",
     "point",
     "promote",
     "propagate",
     "relu",
     "run_layers",
     "softmax",
+    "source_charge",
+    "source_issue",
     "sqrt",
     "sub",
     "sum_",
+    "uniform_data",
     "where",
 ]

@@ -14,9 +14,11 @@ import numpy as np
 
 from ..checks import check_choice
 from ..gpu import Kernel, as_float64, promote, round_float64
+from ..tables import Table, show
 from .bounds import matmul, sum_
 from .interval import Interval, parts_of, rule_of
-from .ops import add, amax, div, exp, mul, relu, sub, where
+from .masking import mask_after_softmax, masked_softmax
+from .ops import add, amax, div, exp, mul, relu, sub
 from .softmax import cross_entropy, softmax
 from .verdicts import (
     ASSERT_CLOSE_TOLERANCES,
@@ -49,6 +51,21 @@ class MismatchCase:
     source: str = ""  # the issue in the source's evaluation it resembles, if any
 
 
+# The three methods the chapter compares, in the order of CaseResult.correct.
+METHODS: tuple[str, ...] = ("structure", "oblivious", "high_precision")
+
+# The source's label (its Table III) of each issue a case imitates; #34191 is the
+# Transformers bug of its introduction.
+SOURCE_LABELS: dict[str, str] = {"#1808": "Type-I", "#4551": "Type-I", "#1937": "Type-I",
+                                 "#2680": "Type-I", "#1666": "Type-II", "#34191": "Type-II"}
+
+
+def source_issue(case: MismatchCase) -> str:
+    """The source's issue the case imitates when SOURCE_LABELS gives it the case's truth, else ""."""
+    issue = case.source.split()[-1] if case.source else ""
+    return issue if SOURCE_LABELS.get(issue) == case.truth else ""
+
+
 @dataclass(frozen=True)
 class CaseResult:
     """Verdicts of the three methods on one case, beside the truth."""
@@ -64,8 +81,8 @@ class CaseResult:
     def correct(self) -> dict[str, bool]:
         """Per method: did it give the true verdict?"""
         t = self.case.truth
-        return {"structure": self.structure.verdict == t, "oblivious": self.oblivious.verdict == t,
-                "high_precision": self.high_precision == t}
+        got = (self.structure.verdict, self.oblivious.verdict, self.high_precision)
+        return {m: v == t for m, v in zip(METHODS, got, strict=True)}
 
 
 def evaluate_case(case: MismatchCase) -> CaseResult:
@@ -81,6 +98,20 @@ def evaluate_case(case: MismatchCase) -> CaseResult:
     oblivious = analyse(tl, t_outs, rl, r_outs, case.x, "oblivious", None, case.start, n)
     hp = high_precision_verdict(case.target_high, r, case.x, case.rtol, case.atol)
     return CaseResult(case, diff, allclose(t, r, case.rtol, case.atol), structure, oblivious, hp)
+
+
+def corpus_table(results) -> Table:
+    """One row per CaseResult: the source issue it is like, level, truth, max |diff|, each method's verdict."""
+    mark = {True: "ok", False: "WRONG"}
+    rows = [(r.case.name, source_issue(r.case), r.case.level, r.case.truth, r.max_diff,
+             *(f"{v} {mark[ok]}" for v, ok in zip(
+                 (r.structure.verdict, r.oblivious.verdict, r.high_precision),
+                 r.correct.values(), strict=True)))
+            for r in results]
+    return show(rows, ["case", "like", "level", "truth", ("max diff", ".3g"), "interval",
+                       "oblivious*", "high prec."],
+                note="* order-oblivious rule: on every add, u of the coarsest format the kernel "
+                     "adds in")
 
 
 def uniform_data(shape, seed: int, fmt="float32", scale: float = 1.0) -> np.ndarray:
@@ -227,11 +258,8 @@ def _masked_attention(fmt, kernel, wq, wk, v, mask, fill=-math.inf, bug=None):
 
     def attend(s):
         if bug == "after":
-            p = softmax(s, fmt)
-            return where(mask, p, np.zeros(mask.shape))
-        if math.isinf(fill):
-            return softmax(where(mask, s, np.full(mask.shape, fill)), fmt)
-        return softmax(add(s, np.where(mask, 0.0, fill), fmt), fmt)
+            return mask_after_softmax(s, mask, fmt)
+        return masked_softmax(s, mask, fill, fmt)
 
     return (Layer("scores q k^T / 4", scores), Layer("masked softmax", attend),
             Layer("P V", lambda p: matmul(p, v, kernel)))
@@ -270,8 +298,8 @@ def _case_network(name, truth, story, fmt_t, kernel_t, fmt_r, kernel_r, bug=None
 
 
 def build_case(name: str) -> MismatchCase:
-    """The corpus case of that name (see CORPUS), built from fixed seeds."""
-    check_choice(name, "case", CORPUS)
+    """The corpus case of that name (see CORPUS, and EXTRA_CASES beside it), built from fixed seeds."""
+    check_choice(name, "case", CORPUS + EXTRA_CASES)
     fp32_seq = Kernel("sequential", acc="float32")
     f64_seq = Kernel("sequential", acc="float64")
     if name == "split-K fp32":
@@ -332,6 +360,8 @@ def build_case(name: str) -> MismatchCase:
             k=2048, tol=ASSERT_CLOSE_TOLERANCES["float32"], source="#1937")
     if name == "fp16 fast-path tail":
         return _tail_case(name)
+    if name == "fp64 build differs":
+        return _build_differs_case(name)
     if name == "gradient accumulation":
         return _case_network(
             name, "Type-II", "loss = mean of micro-batch means (4, 16, 4 tokens) instead of the mean "
@@ -397,16 +427,35 @@ def _fused_case(name):
         1.3e-6, 1e-5)
 
 
+def _dropped_tail(w, kernel, vector: int):
+    """x -> x W by kernel with vector loads of `vector`: the last k mod vector products are never loaded."""
+    keep = w.shape[0] // vector * vector
+    return lambda x: matmul(x[:, :keep], w[:keep], kernel)
+
+
+def _build_differs_case(name):
+    """Like the source's #2680: round-off in the fp16 build, while the float64 build is other code."""
+    k = 1027
+    rng = np.random.default_rng(60)
+    a = round_float64(rng.uniform(-1, 1, (8, k)), "float16")
+    w = round_float64(rng.uniform(-1, 1, (k, 8)), "float16")
+    tree16 = Kernel("pairwise", acc="float16", inputs="float16")
+    lib16 = Kernel("sequential", acc="float32", inputs="float16", out="float16")
+    return MismatchCase(
+        name, "kernel", "Type-I", "the fp16 build sums in a float16 tree; the float64 build is other "
+        "code that drops the last k mod 16 products", a,
+        (Layer("matmul (fp16 build)", lambda x: matmul(x, w, tree16)),),
+        (Layer("matmul", lambda x: matmul(x, w, lib16)),),
+        (Layer("matmul (fp64 build)", _dropped_tail(w, promote(tree16), 16)),),
+        *ASSERT_CLOSE_TOLERANCES["float16"], source="#2680")
+
+
 def _tail_case(name):
     m, k, n = 8, 1027, 8
     a = uniform_data((m, k), 50, "float16")
     w = uniform_data((k, n), 51, "float16")
     fast = Kernel("sequential", acc="float32", inputs="float16", out="float16")
-
-    def fp16_path(x):  # vector loads of 8: the last k mod 8 = 3 products are never loaded
-        keep = (k // 8) * 8
-        xx = x[:, :keep]
-        return matmul(xx, w[:keep], fast)
+    fp16_path = _dropped_tail(w, fast, 8)  # the last k mod 8 = 3 products are never loaded
 
     def fp64_path(x):  # the float64 path is scalar code, and correct
         return matmul(x, w, promote(fast))
@@ -438,6 +487,8 @@ CORPUS: tuple[str, ...] = (
     "masked attention, bf16",
     "causal mask after softmax",
 )
+# Cases built beside the corpus (the chapter's examples of misleading re-execution).
+EXTRA_CASES: tuple[str, ...] = ("fp64 build differs",)
 
 
 

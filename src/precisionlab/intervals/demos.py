@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from .interval import Interval, point
 from .ops import add
 from .outward import round_out
 from .verdicts import ASSERT_CLOSE_TOLERANCES, Layer, allclose, run_layers
+
+_MAX_ORDER_TERMS = 8  # 8! = 40320 sequential dot products
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,22 @@ def dot_by_hand(a, b, fmt="float16") -> list[DotStep]:
         exact = math.fsum([exact, float(p)])
         steps.append(DotStep(i, float(p), acc, lo, hi, exact))
     return steps
+
+
+def every_order(a, b, fmt="float16") -> dict[tuple[int, ...], float]:
+    """{order p: fl(... fl(fl(a_p0 b_p0) + a_p1 b_p1) ... )} for each of the n! orders (n <= 8)."""
+    a, b = as_float64(a).ravel(), as_float64(b).ravel()
+    if a.size > _MAX_ORDER_TERMS:
+        raise ValueError(f"every_order tries all n! orders: a and b must have at most "
+                         f"{_MAX_ORDER_TERMS} entries; got {a.size}")
+    return {p: dot_by_hand(a[list(p)], b[list(p)], fmt)[-1].value
+            for p in itertools.permutations(range(a.size))}
+
+
+def orders_outside(a, b, fmt="float16") -> dict[tuple[int, ...], float]:
+    """The orders of every_order whose result lies outside dot_by_hand's naive interval [lo, hi]."""
+    last = dot_by_hand(a, b, fmt)[-1]
+    return {p: v for p, v in every_order(a, b, fmt).items() if not last.lo <= v <= last.hi}
 
 
 

@@ -38,7 +38,9 @@ from precisionlab.underflow import (
     measured_underflow_depth,
     predicted_underflow_depth,
     probe_gradients,
+    probe_network,
     train_probe,
+    zero_counts,
 )
 
 
@@ -150,10 +152,8 @@ def test_forward_signal_stays_at_unit_scale():
             assert 0.7 < float(h.pow(2).mean().sqrt()) < 1.3
 
 
-def test_probe_matches_float64_backprop_by_hand():
-    net = AttenuatingNet(10, 16, 0.8, "float32", seed=5)
-    x, t = make_batch(16, 4, "float32", seed=5)
-    got = probe_gradients(net, x, t)
+def _float64_backprop(net: AttenuatingNet, x, t):
+    """(signal norms, weight-gradient norms, weight-gradient medians, loss) by hand in float64."""
     W = [lin.weight.detach().double().numpy() for lin in net.layers]
     b = [lin.bias.detach().double().numpy() for lin in net.layers]
     hs = [x.double().numpy()]
@@ -167,10 +167,48 @@ def test_probe_matches_float64_backprop_by_hand():
         w_norm.append(np.linalg.norm(gw))
         w_med.append(np.median(np.abs(gw)))
         delta = delta @ W[i]
+    return sig_norm, w_norm, w_med, np.mean((hs[-1] - t.double().numpy()) ** 2)
+
+
+def test_probe_matches_float64_backprop_by_hand():
+    net = AttenuatingNet(10, 16, 0.8, "float32", seed=5)
+    x, t = make_batch(16, 4, "float32", seed=5)
+    got = probe_gradients(net, x, t)
+    sig_norm, w_norm, w_med, loss = _float64_backprop(net, x, t)
     assert np.allclose(got.signal.norm, sig_norm, rtol=1e-4)
     assert np.allclose(got.weight.norm, w_norm, rtol=1e-4)
     assert np.allclose(got.weight.median_abs, w_med, rtol=1e-4)
-    assert got.loss == pytest.approx(np.mean((hs[-1] - t.double().numpy()) ** 2), rel=1e-5)
+    assert got.loss == pytest.approx(loss, rel=1e-5)
+
+
+def test_probe_network_is_one_pass_of_the_seeded_network_and_batch():
+    # Oracle: float64 backpropagation by hand through AttenuatingNet(depth, width, a, seed) on
+    # make_batch(width, batch, seed); a swapped argument or seed changes the numbers.
+    got = probe_network(0.8, "float32", 10, 16, 4, seed=5)
+    sig_norm, w_norm, _, loss = _float64_backprop(
+        AttenuatingNet(10, 16, 0.8, "float32", seed=5), *make_batch(16, 4, "float32", seed=5))
+    assert got.depth == 10 and got.loss == pytest.approx(loss, rel=1e-5)
+    assert np.allclose(got.signal.norm, sig_norm, rtol=1e-4)
+    assert np.allclose(got.weight.norm, w_norm, rtol=1e-4)
+    other = probe_network(0.8, "float32", 10, 16, 4, seed=6)
+    assert not np.allclose(other.signal.norm, sig_norm, rtol=1e-2)
+    # The options reach probe_gradients: S = 2^10 is exact in float32 and divided out again.
+    scaled = probe_network(0.8, "float32", 10, 16, 4, seed=5, loss_scale=2.0**10)
+    assert scaled.loss_scale == 2.0**10 and np.array_equal(scaled.signal.norm, got.signal.norm)
+    ftz = probe_network(0.82, "float16", 40, 16, 4, seed=5, flush_to_zero=True)
+    plain = probe_network(0.82, "float16", 40, 16, 4, seed=5)
+    assert ftz.flush_to_zero and not plain.flush_to_zero
+    assert ftz.signal.zero_fraction.sum() > plain.signal.zero_fraction.sum()
+
+
+def test_zero_counts_counts_layers_by_hand():
+    zf = [0, 0.25, 0.5, 1.0, 1.0, 0.0]
+    g = _synthetic(zf, [1e-3] * 6, [True] * 6)
+    some = sum(1 for z in zf if z > 0)
+    every = sum(1 for z in zf if z == 1)
+    half = next(k for k, z in enumerate(zf) if z >= 0.5)
+    assert zero_counts(g) == (some, every, half) == (4, 2, 2)
+    assert zero_counts(_synthetic([0, 0.1], [1e-3] * 2, [True] * 2)) == (1, 0, None)
 
 
 def _float16_signal_zero_fractions(net: AttenuatingNet, x, t, flush: bool = False) -> np.ndarray:
@@ -498,9 +536,18 @@ def test_diagnose_tells_a_collapsing_scale_from_a_scaler_at_work():
 
 def test_tables_list_what_they_claim():
     g = _synthetic([0, 0, 0.6, 1.0], [1e-3, 1e-3, 0, 0], [True] * 4)
-    text = health_table(g)
-    assert len(text.splitlines()) == 5 and text.splitlines()[-1].endswith("zero")
-    assert health_table(g, depths=[3]).splitlines()[1].split()[:2] == ["3", "0"]
+    table = health_table(g)
+    text = table.to_text()  # header, rule, one line per layer
+    assert len(text.splitlines()) == 6 and text.splitlines()[-1].endswith("zero")
+    assert [r[-1] for r in table.rows] == ["healthy", "healthy", "underflowing", "zero"]
+    sig = GradientStats(norm=np.ones(4), median_abs=np.ones(4), max_abs=np.ones(4),
+                        zero_fraction=np.array([0, 0.125, 0.25, 0.5]), finite=np.ones(4, bool))
+    mixed = LayerGradients("float16", 1.0, g.weight, sig)
+    # depth, layer, norm, median, max, dL/dW zeros, signal zeros, status: by hand
+    assert list(health_table(mixed, depths=[2]).rows[0]) == \
+        ["2", "1", "1", "0", "1", "60.0%", "25.0%", "underflowing"]
+    assert "<table" in table._repr_html_() and max(map(len, text.splitlines())) <= 80
+    assert health_table(g, depths=[3]).to_text().splitlines()[2].split()[:2] == ["3", "0"]
     summary = health_summary(g).splitlines()
     assert [line.split()[1] for line in summary] == ["0-1", "2-2", "3-3"]
     # A layer that dips back below a threshold does not open a new range.

@@ -36,6 +36,7 @@ from . import emulate
 from .checks import check_choice, check_positive
 from .emulate import BACKENDS, Precision, exp64, fixed_sum, log64
 from .formats import FloatFormat, get_format
+from .tables import Table, show
 
 __all__ = [
     "FLOORS",
@@ -58,7 +59,9 @@ __all__ = [
     "measured_underflow_depth",
     "predicted_underflow_depth",
     "probe_gradients",
+    "probe_network",
     "train_probe",
+    "zero_counts",
 ]
 
 FLOORS: tuple[str, ...] = ("normal", "subnormal", "zero")
@@ -346,6 +349,15 @@ def probe_gradients(net: AttenuatingNet, x: torch.Tensor, t: torch.Tensor,
     )
 
 
+def probe_network(attenuation: float = 0.82, fmt="float32", depth: int = 96, width: int = 64,
+                  batch: int = 16, *, seed: int = 0, backend: str = "emulated",
+                  loss_scale: float = 1.0, flush_to_zero: bool = False) -> LayerGradients:
+    """probe_gradients of AttenuatingNet(depth, width, a, fmt, seed) on make_batch(width, batch, fmt, seed)."""
+    net = AttenuatingNet(depth, width, attenuation, fmt, seed, backend)
+    x, t = make_batch(width, batch, fmt, seed)
+    return probe_gradients(net, x, t, loss_scale=loss_scale, flush_to_zero=flush_to_zero)
+
+
 @dataclass(frozen=True)
 class TrainingProbe:
     """A few SGD steps: the loss before each step and the per-layer gradient statistics of each step."""
@@ -417,6 +429,12 @@ def measured_underflow_depth(grads: LayerGradients, which: str = "signal",
     return int(hits[0]) if hits.size else None
 
 
+def zero_counts(grads: LayerGradients) -> tuple[int, int, int | None]:
+    """(layers with some exact zeros in dL/dW, layers with all, first depth with half of dL/dh zero)."""
+    z = grads.weight.zero_fraction
+    return int((z > 0).sum()), int((z == 1).sum()), measured_underflow_depth(grads)
+
+
 def fit_g0(grads32: LayerGradients, attenuation: float, which: str = "signal") -> float:
     """The model's intercept: g0 = exp(median_k(log m_k - k log a)), m_k = median |g| at depth k."""
     a = check_positive(attenuation, "attenuation")
@@ -453,23 +471,19 @@ def layer_status(grads: LayerGradients, which: str = "weight", fmt=None) -> np.n
     return status
 
 
-def health_table(grads: LayerGradients, depths: Sequence[int] | None = None, fmt=None) -> str:
-    """Per-layer text table of the weight gradients (norm, median, max, % zeros, status) and % zero signal."""
+def health_table(grads: LayerGradients, depths: Sequence[int] | None = None, fmt=None) -> Table:
+    """Per-layer table of the weight gradients (norm, median, max, % zeros, status) and % zero signal."""
     status = layer_status(grads, "weight", fmt)
     w, sig = grads.weight, grads.signal
     n = grads.depth
-    rows = range(n) if depths is None else depths
-    lines = [f"{'depth':>5} {'layer':>5} {'|dL/dW|':>9} {'median':>9} {'max':>9} {'zeros':>6}"
-             f" {'sig 0s':>6}  status"]
+    rows = list(range(n) if depths is None else depths)
     for k in rows:
         if not 0 <= k < n:
             raise ValueError(f"depth {k!r} is outside 0..{n - 1}")
-        lines.append(
-            f"{k:>5} {n - 1 - k:>5} {w.norm[k]:>9.3g} {w.median_abs[k]:>9.3g}"
-            f" {w.max_abs[k]:>9.3g} {w.zero_fraction[k]:>6.1%} {sig.zero_fraction[k]:>6.1%}"
-            f"  {status[k]}"
-        )
-    return "\n".join(lines)
+    return show([(k, n - 1 - k, w.norm[k], w.median_abs[k], w.max_abs[k], w.zero_fraction[k],
+                  sig.zero_fraction[k], status[k]) for k in rows],
+                [("depth", None), ("layer", None), ("|dL/dW|", ".3g"), ("median", ".3g"),
+                 ("max", ".3g"), ("zeros", ".1%"), ("sig 0s", ".1%"), ("status", None)])
 
 
 def health_summary(grads: LayerGradients, which: str = "weight", fmt=None) -> str:

@@ -1,0 +1,159 @@
+"""Runs with a loss scaler, as chapters 4 and 5 read them.
+
+`scaler_in_front` puts GradScaler's rule (`scaling.update_scale`) in front of chapter 4's
+`underflow.AttenuatingNet` and records what the scaler does until its first good step.
+`train_amp` is the training loop a real model uses: autocast, a loss scaler (torch's
+`GradScaler` or the book's `DynamicLossScaler`), gradient accumulation, clipping of the true
+gradient norm, a learning-rate schedule that counts only the updates made, and a checkpoint
+that carries the scaler's state. `scale_actions` and `grads_identical` turn the records of a
+run into what the chapters' tables show: the scaler's decision at each step, and whether two
+runs handed the optimizer the same gradients.
+
+Floor 5: imports `scaling` and `underflow` (floor 4).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .checks import check_positive
+from .scaling import ScaleHistory, TrainLog, update_scale
+from .underflow import AttenuatingNet, LayerGradients, make_batch, probe_gradients
+
+__all__ = ["AmpStep", "ScalerProbe", "grads_identical", "scale_actions", "scaler_in_front",
+           "train_amp"]
+
+
+class ScalerProbe(NamedTuple):
+    """What a dynamic scaler in front of AttenuatingNet saw: last probe, losses, scales, peaks."""
+
+    probe: LayerGradients  # the last backward pass (the first good one, or the last tried)
+    losses: list[float]  # the loss at every step tried
+    history: ScaleHistory  # the scale used and whether the step was skipped, per step
+    peak: np.ndarray  # largest |activation| of each layer's forward output, in the net's format
+
+
+def scaler_in_front(depth: int, steps: int, attenuation: float = 1.2, fmt="float16",
+                    width: int = 64, batch: int = 16, *, seed: int = 0,
+                    init_scale: float = 2.0**16) -> ScalerProbe:
+    """S_0 = init_scale; while the loss or a gradient is inf/NaN: skip, (S, t) <- update_scale."""
+    if int(steps) != steps or steps < 1:
+        raise ValueError(f"steps must be a positive integer; got steps={steps!r}")
+    s = check_positive(init_scale, "init_scale")
+    net = AttenuatingNet(depth, width, attenuation, fmt, seed)
+    x, t = make_batch(width, batch, fmt, seed)
+    tracker, scales, skipped, losses = 0, [], [], []
+    for _ in range(int(steps)):  # a skipped step leaves the weights as they were
+        p = probe_gradients(net, x, t, loss_scale=s)
+        bad = not (np.isfinite(p.loss) and p.weight.finite.all() and p.signal.finite.all())
+        scales.append(s)
+        skipped.append(bad)
+        losses.append(p.loss)
+        s, tracker = update_scale(s, tracker, bad)
+        if not bad:
+            break
+    with torch.no_grad():  # the largest forward activation, layer by layer
+        h, peak = x, []
+        for lin in net.layers:
+            h = lin(h)
+            peak.append(float(h.abs().max()))
+    return ScalerProbe(p, losses, ScaleHistory(np.array(scales), np.array(skipped)),
+                       np.array(peak))
+
+
+def scale_actions(history: ScaleHistory) -> list[str]:
+    """Per step k: 'skip; shrink to S_{k+1}', 'step; grow to S_{k+1}' (S_{k+1} > S_k) or 'step'."""
+    scale, skipped = np.asarray(history.scale), np.asarray(history.skipped, dtype=bool)
+    actions = []
+    for k in range(scale.size):
+        after = f"{scale[k + 1]:g}" if k + 1 < scale.size else None
+        if skipped[k]:
+            actions.append("skip" if after is None else f"skip; shrink to {after}")
+        elif after is not None and scale[k + 1] > scale[k]:
+            actions.append(f"step; grow to {after}")
+        else:
+            actions.append("step")
+    return actions
+
+
+def _same(u: torch.Tensor, v: torch.Tensor) -> bool:
+    """Equal values and NaNs in the same places (NaN != NaN, so NaNs are compared by position)."""
+    return bool(torch.equal(u.isnan(), v.isnan())
+                and torch.equal(u.nan_to_num(nan=7.0), v.nan_to_num(nan=7.0)))
+
+
+def grads_identical(a: TrainLog, b: TrainLog) -> list[bool]:
+    """Per step: whether both runs kept equal gradients, NaNs by position (needs keep_grads)."""
+    if len(a.grads) != len(b.grads) or not a.grads:
+        raise ValueError(f"both logs need the gradients of every step (keep_grads=True); got "
+                         f"{len(a.grads)} and {len(b.grads)} steps")
+    return [len(ga) == len(gb) and all(_same(u, v) for u, v in zip(ga, gb, strict=True))
+            for ga, gb in zip(a.grads, b.grads, strict=True)]
+
+
+class AmpStep(NamedTuple):
+    """One optimizer step of train_amp: the scale used, whether it was skipped, lr, true norm."""
+
+    step: int
+    scale: float
+    skipped: bool
+    lr: float  # the learning rate after this step's scheduler call
+    norm: float | None  # the true (unscaled) gradient norm before clipping; None if skipped
+
+
+def train_amp(factory: Callable[[], torch.nn.Module], x: torch.Tensor, y: torch.Tensor, scaler,
+              steps: int, checkpoint: io.BytesIO | None = None, *, accum: int = 2,
+              max_norm: float = 5e-5, lr: float = 0.5, momentum: float = 0.9,
+              step_size: int = 4, gamma: float = 0.5,
+              dtype: torch.dtype = torch.float16
+              ) -> tuple[list[AmpStep], torch.nn.Module, io.BytesIO]:
+    """CPU autocast: sum of scaled loss/accum over micro-batches, unscale_, clip, step, schedule.
+
+    The scheduler steps only when the optimizer did (a skipped step makes no update). With a
+    `checkpoint` (what an earlier call returned) the run resumes from its model, optimizer,
+    scheduler, scaler and step. Returns the per-step log, the model and a checkpoint taken
+    after the last step.
+    """
+    if int(accum) != accum or accum < 1:
+        raise ValueError(f"accum must be a positive integer; got accum={accum!r}")
+    check_positive(max_norm, "max_norm")
+    model = factory()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=step_size, gamma=gamma)
+    first = 0
+    if checkpoint is not None:
+        checkpoint.seek(0)
+        state = torch.load(checkpoint, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        scaler.load_state_dict(state["scaler"])
+        first = state["step"]
+    log = []
+    for step in range(first, int(steps)):
+        opt.zero_grad(set_to_none=True)
+        for xb, yb in zip(x.chunk(accum), y.chunk(accum), strict=True):
+            with torch.autocast("cpu", dtype=dtype):
+                loss = torch.nn.functional.mse_loss(model(xb), yb) / accum
+            scaler.scale(loss).backward()  # scaled gradients add up
+        scaler.unscale_(opt)  # true gradients from here on ...
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scale = scaler.get_scale()
+        scaler.step(opt)  # ... and opt.step() only if none is inf/NaN
+        scaler.update()
+        skipped = scaler.get_scale() < scale
+        if not skipped:
+            sched.step()  # the schedule counts the updates actually made
+        log.append(AmpStep(step, scale, skipped, sched.get_last_lr()[0],
+                           None if skipped else float(norm)))  # a skipped norm is inf/NaN
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                "sched": sched.state_dict(), "scaler": scaler.state_dict(),
+                "step": int(steps)}, buf)
+    buf.seek(0)
+    return log, model, buf

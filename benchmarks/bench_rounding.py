@@ -86,8 +86,8 @@ def main() -> None:
                     ("float8_e4m3fn", "nearest_even"), ("float8_e5m2", "stochastic")]
         for name, mode in emulated:
             g = np.random.default_rng(1)
-            t_fresh = median_seconds(partial(round_to, x, name, mode, rng=g), reps)
-            t_ours = median_seconds(partial(round_to, x, name, mode, rng=g, out=buf), reps)
+            t_fresh = median_seconds(partial(round_to, x, name, mode, generator=g), reps)
+            t_ours = median_seconds(partial(round_to, x, name, mode, generator=g, out=buf), reps)
             ref = native_rate["bfloat16" if name == "tf32" else name]
             label = mode + (" (NaN overflow)" if name == "float8_e4m3fn" else "")
             rows.append((name, label, n / t_fresh, n / t_ours, ref, float("nan"),

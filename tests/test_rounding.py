@@ -78,7 +78,7 @@ def inputs(request):
 def test_every_bit_pattern_round_trips(name, mode, dtype):
     values = all_patterns(name).astype(dtype)
     for backend in BACKENDS:
-        got = round_to(values, name, mode, rng=np.random.default_rng(1), backend=backend)
+        got = round_to(values, name, mode, generator=np.random.default_rng(1), backend=backend)
         assert got.dtype == dtype
         assert same_bits(got, values).all(), (name, mode, backend)
 
@@ -86,7 +86,7 @@ def test_every_bit_pattern_round_trips(name, mode, dtype):
 def test_every_tf32_value_round_trips():
     values = finite_values("tf32").astype(np.float32)
     for mode in MODES:
-        assert same_bits(round_to(values, "tf32", mode, rng=np.random.default_rng(2)), values).all()
+        assert same_bits(round_to(values, "tf32", mode, generator=np.random.default_rng(2)), values).all()
 
 
 # ------------------------------------------------------------------ nearest-even = the libraries
@@ -263,7 +263,7 @@ def test_stochastic_rounding_is_unbiased(name, x, dtype):
     xs = np.full(n, x, dtype=dtype)
     lo, hi = table_round(xs[:1], name, "down")[0], table_round(xs[:1], name, "up")[0]
     x_exact = float(xs[0])
-    got = round_to(xs, name, "stochastic", rng=np.random.default_rng(7)).astype(np.float64)
+    got = round_to(xs, name, "stochastic", generator=np.random.default_rng(7)).astype(np.float64)
     assert set(np.unique(got)) <= {lo, hi}
     p_up = (x_exact - lo) / (hi - lo)
     # Five standard errors of a mean of n two-point draws: fails by chance with p < 1e-6.
@@ -272,15 +272,27 @@ def test_stochastic_rounding_is_unbiased(name, x, dtype):
     assert abs((got == hi).mean() - p_up) <= 5 * math.sqrt(p_up * (1 - p_up) / n)
 
 
-def test_stochastic_rounding_is_reproducible_from_the_rng_and_varies_between_draws():
+def test_stochastic_rounding_is_reproducible_from_the_generator_and_varies_between_draws():
     x = np.full(1000, 1 + 2.0**-9, np.float32)
-    a = round_to(x, "bfloat16", "stochastic", rng=np.random.default_rng(9))
-    b = round_to(x, "bfloat16", "stochastic", rng=np.random.default_rng(9))
+    a = round_to(x, "bfloat16", "stochastic", generator=np.random.default_rng(9))
+    b = round_to(x, "bfloat16", "stochastic", generator=np.random.default_rng(9))
     rng = np.random.default_rng(9)
-    c1 = round_to(x, "bfloat16", "stochastic", rng=rng)
-    c2 = round_to(x, "bfloat16", "stochastic", rng=rng)
+    c1 = round_to(x, "bfloat16", "stochastic", generator=rng)
+    c2 = round_to(x, "bfloat16", "stochastic", generator=rng)
     assert np.array_equal(a, b) and np.array_equal(a, c1)
     assert not np.array_equal(c1, c2)
+
+
+def test_stochastic_generator_may_be_passed_by_position_and_must_be_a_generator():
+    x = np.full(1000, 1 + 2.0**-9, np.float32)
+    by_name = round_to(x, "bfloat16", "stochastic", generator=np.random.default_rng(4))
+    by_position = round_to(x, "bfloat16", "stochastic", np.random.default_rng(4))
+    assert np.array_equal(by_name, by_position)
+    assert len(set(by_name.tolist())) == 2  # both neighbours drawn: it really is random
+    with pytest.raises(ValueError, match=r"generator=np\.random\.default_rng.*generator=4"):
+        round_to(x, "bfloat16", "stochastic", 4)  # a seed is not a stream
+    with pytest.raises(TypeError, match="rng"):
+        round_to(x, "bfloat16", "stochastic", rng=np.random.default_rng(4))
 
 
 # ------------------------------------------------------------------ properties
@@ -386,7 +398,7 @@ def test_result_kind_follows_the_input():
     "kwargs, words",
     [({"fmt": "fp12"}, ["'fp12'", "bfloat16"]),
      ({"fmt": "bf16", "mode": "nearest"}, ["'nearest'", "nearest_even", "stochastic"]),
-     ({"fmt": "bf16", "mode": "stochastic"}, ["rng=None", "default_rng"]),
+     ({"fmt": "bf16", "mode": "stochastic"}, ["generator=None", "default_rng"]),
      ({"fmt": "bf16", "backend": "gpu"}, ["'gpu'", "emulated"]),
      ({"fmt": "tf32", "backend": "native"}, ["tf32", "emulated"])],
 )
@@ -455,7 +467,7 @@ def test_rounding_leaves_torch_thread_setting_alone():
         for threads in (1, 2):
             torch.set_num_threads(threads)
             round_to(np.ones(1 << 17, np.float32), "bfloat16", "up")
-            round_to(np.ones(1 << 17, np.float32), "float16", "stochastic", rng=np.random.default_rng(0))
+            round_to(np.ones(1 << 17, np.float32), "float16", "stochastic", generator=np.random.default_rng(0))
             assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)

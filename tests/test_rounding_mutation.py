@@ -156,7 +156,7 @@ def test_stochastic_rounding_draws_splitmix64_per_element(fmt, n):
                         g.uniform(0.01, 0.99, n) * q, g.uniform(1, 9, n) * q])
     x = (x * np.where(g.random(x.size) < 0.5, -1, 1)).astype(np.float32)
     for s in range(3):
-        got = np.concatenate([round_to(x[i:i + n], fmt, "stochastic", rng=np.random.default_rng(s))
+        got = np.concatenate([round_to(x[i:i + n], fmt, "stochastic", generator=np.random.default_rng(s))
                               for i in range(0, len(x), n)])
         want = np.concatenate([stochastic_oracle(x[i:i + n], fmt, _seed_of(s))
                                for i in range(0, len(x), n)])
@@ -165,7 +165,7 @@ def test_stochastic_rounding_draws_splitmix64_per_element(fmt, n):
 
 def test_stochastic_rounding_of_a_float64_handful_uses_the_float64_words():
     x = np.array([1 + 2.0**-30, -(1 + 3 * 2.0**-12), 2.0**-26, 3 * 2.0**-25])
-    got = round_to(x, "float16", "stochastic", rng=np.random.default_rng(9))
+    got = round_to(x, "float16", "stochastic", generator=np.random.default_rng(9))
     assert same_bits(got, stochastic_oracle(x, "float16", _seed_of(9))).all()
 
 
@@ -179,7 +179,7 @@ def test_stochastic_rounding_far_below_the_smallest_subnormal(n):
     got, want = [], []
     for i in range(0, x.size, n):
         part = slice(i, i + n)
-        got.append(round_to(x[part], "float16", "stochastic", rng=np.random.default_rng(i)))
+        got.append(round_to(x[part], "float16", "stochastic", generator=np.random.default_rng(i)))
         want.append(stochastic_oracle(x[part], "float16", _seed_of(i), los[part], his[part]))
     got, want = np.concatenate(got), np.concatenate(want)
     assert same_bits(got, want).all()

@@ -2,14 +2,21 @@
 
 Every constant is written as a hex float, so it is exact; `tests/test_formats.py` checks
 each one against `ml_dtypes.finfo`, `torch.finfo` and the layout formula.
+
+`FORMAT_NAMES` are the formats the chapters tabulate and sweep; `MX_FORMAT_NAMES` adds the
+OCP Microscaling (MX) element formats (float6_e3m2fn, float6_e2m3fn, float4_e2m1fn: neither
+inf nor NaN) and the MX scale format float8_e8m0fnu (a bare power of two: no sign, no zero,
+no subnormals, one NaN pattern). Both lists name entries of the one registry `FORMATS`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ALIASES", "FORMATS", "FORMAT_NAMES", "FloatFormat", "get_format", "short_name"]
+__all__ = ["ALIASES", "FORMATS", "FORMAT_NAMES", "MX_FORMAT_NAMES", "FloatFormat", "get_format",
+           "short_name"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,8 @@ class FloatFormat:
     min_subnormal: float
     eps: float  # 2^-m: gap between 1 and the next larger value
     description: str
+    has_nan: bool = True  # False for the MX element formats float4/float6: every pattern is a number
+    signed: bool = True  # False for float8_e8m0fnu: 2^(E - 127) for E < 255, no sign bit, no zero
 
     @property
     def precision(self) -> int:
@@ -34,20 +43,20 @@ class FloatFormat:
 
     @property
     def total_bits(self) -> int:
-        """1 sign bit + exponent bits + mantissa bits (tf32 is stored in 32-bit words)."""
-        return 1 + self.exponent_bits + self.mantissa_bits
+        """Sign bit (if any) + exponent bits + mantissa bits (tf32 is stored in 32-bit words)."""
+        return int(self.signed) + self.exponent_bits + self.mantissa_bits
 
     @property
     def emin(self) -> int:
-        """Exponent of the smallest normal number: 1 - bias."""
-        return 1 - self.bias
+        """Exponent of the smallest normal number: log2(min_normal) = 1 - bias (-bias for e8m0fnu)."""
+        return math.frexp(self.min_normal)[1] - 1
 
     @property
     def emax(self) -> int:
         """Exponent of the largest finite number: floor(log2(max_finite))."""
-        # IEEE formats reserve the all-ones exponent for inf/NaN; e4m3fn uses it for numbers.
-        top = 2**self.exponent_bits - (2 if self.has_inf else 1)
-        return top - self.bias
+        # IEEE formats reserve the all-ones exponent for inf/NaN; e4m3fn and the MX element
+        # formats use it for numbers; e8m0fnu's all-ones pattern is its NaN.
+        return math.frexp(self.max_finite)[1] - 1
 
     @property
     def unit_roundoff(self) -> float:
@@ -65,7 +74,8 @@ class FloatFormat:
         return self.name
 
 
-def _fmt(name, e, m, bias, has_inf, max_finite, min_normal, min_subnormal, description):
+def _fmt(name, e, m, bias, has_inf, max_finite, min_normal, min_subnormal, description,
+         **rules):
     return FloatFormat(
         name=name,
         exponent_bits=e,
@@ -77,6 +87,7 @@ def _fmt(name, e, m, bias, has_inf, max_finite, min_normal, min_subnormal, descr
         min_subnormal=float.fromhex(min_subnormal),
         eps=2.0**-m,
         description=description,
+        **rules,
     )
 
 
@@ -97,10 +108,24 @@ FORMATS: dict[str, FloatFormat] = {
              "OCP FP8 E4M3: finite only (no inf), one NaN pattern per sign"),
         _fmt("float8_e5m2", 5, 2, 15, True, "0x1.cp+15", "0x1p-14", "0x1p-16",
              "OCP FP8 E5M2: IEEE-style, with inf and NaN"),
+        _fmt("float6_e3m2fn", 3, 2, 3, False, "0x1.cp+4", "0x1p-2", "0x1p-4",
+             "OCP MX FP6 E3M2: finite only, no NaN", has_nan=False),
+        _fmt("float6_e2m3fn", 2, 3, 1, False, "0x1.ep+2", "0x1p+0", "0x1p-3",
+             "OCP MX FP6 E2M3: finite only, no NaN", has_nan=False),
+        _fmt("float4_e2m1fn", 2, 1, 1, False, "0x1.8p+2", "0x1p+0", "0x1p-1",
+             "OCP MX FP4 E2M1: finite only, no NaN", has_nan=False),
+        _fmt("float8_e8m0fnu", 8, 0, 127, False, "0x1p+127", "0x1p-127", "0x1p-127",
+             "OCP MX scale E8M0: 2^(E-127), unsigned, no zero, NaN = 0xFF", signed=False),
     )
 }
 
-FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
+# The formats the chapters tabulate (chapter 1's format table, plotting colours): unchanged
+# when the MX formats joined the registry, so no checked output moves.
+FORMAT_NAMES: tuple[str, ...] = (
+    "float64", "float32", "tf32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"
+)
+MX_FORMAT_NAMES: tuple[str, ...] = ("float6_e3m2fn", "float6_e2m3fn", "float4_e2m1fn",
+                                    "float8_e8m0fnu")
 
 # Short names people type; each maps to one registry name. The one table of format names.
 ALIASES = {
@@ -110,6 +135,10 @@ ALIASES = {
     "bf16": "bfloat16",
     "fp8_e4m3": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
     "fp8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2",
+    "fp6_e3m2": "float6_e3m2fn", "e3m2": "float6_e3m2fn",
+    "fp6_e2m3": "float6_e2m3fn", "e2m3": "float6_e2m3fn",
+    "fp4_e2m1": "float4_e2m1fn", "e2m1": "float4_e2m1fn",
+    "e8m0": "float8_e8m0fnu",
 }
 
 
@@ -126,7 +155,7 @@ def get_format(fmt: str | FloatFormat | Any) -> FloatFormat:
         return FORMATS[key]
     except (KeyError, TypeError):
         raise ValueError(
-            f"unknown float format {fmt!r}; valid choices: {', '.join(FORMAT_NAMES)} "
+            f"unknown float format {fmt!r}; valid choices: {', '.join(FORMATS)} "
             f"(aliases: {', '.join(sorted(ALIASES))})"
         ) from None
 

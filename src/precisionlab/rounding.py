@@ -386,7 +386,8 @@ def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
     if a.dtype == np.float64 and fmt.name == "float32" and not saturate:
         return lambda out: np.copyto(out, a.astype(np.float32))  # C double->float is RNE
     # torch casts float64 through float32 (double rounding), so only float32 inputs go native.
-    if a.dtype != np.float32 or fmt.torch_dtype is None or fmt.name == "float32":
+    # torch's e8m0fnu cast takes 0 to 2^-127 and drops the sign; ml_dtypes (followed here) gives NaN.
+    if a.dtype != np.float32 or fmt.torch_dtype is None or fmt.name == "float32" or not fmt.signed:
         return None
     # torch never saturates the IEEE-style formats; its e4m3fn overflow rule is probed.
     torch_saturates = _torch_e4m3fn_saturates() if fmt.name == "float8_e4m3fn" else False
@@ -410,13 +411,14 @@ def _word_params(fmt: FloatFormat, c: _Container, saturate: bool) -> tuple[int, 
             overflow_bits, inf_bits, nan_bits, exp_mask, -(1 << (c.width - 1)))
 
 
-def _emulate(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, rng, saturate: bool):
+def _emulate(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, generator,
+             saturate: bool):
     """Write fl(a) into out by the add-then-clear recipe: Python, NumPy or numba tier."""
     c = _F32 if a.dtype == np.float32 else _F64
     src, dst = a.view(c.int_dtype).ravel(), out.view(c.int_dtype).reshape(-1)
     params = _word_params(fmt, c, saturate)
     uniform = fmt.emin + c.bias <= 1  # fmt's normal range reaches down to the container's
-    seed = int(rng.integers(0, 2**63)) if code == _STOCHASTIC else 0
+    seed = int(generator.integers(0, 2**63)) if code == _STOCHASTIC else 0
     if a.size <= _PYTHON_MAX_SIZE:
         _python_words(src, dst, params, code, seed, uniform)
         return
@@ -433,16 +435,44 @@ def _emulate(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, rng, s
         torch.set_num_threads(torch_threads)
 
 
-def round_to(x, fmt, mode: str = "nearest_even", rng: np.random.Generator | None = None, *,
-             saturate: bool = False, backend: str = "auto", out: np.ndarray | None = None):
+def _emulate_mx(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, generator,
+                saturate: bool):
+    """fl(a) for the MX formats: float4/float6 saturate (no inf, no NaN); e8m0fnu is 2^k > 0 or NaN."""
+    if fmt.signed:  # float4_e2m1fn, float6_*: overflow and +-inf can only go to +-max_finite
+        _emulate(a, out, fmt, code, generator, True)
+        return  # a NaN input stays NaN: the format has no NaN, and ml_dtypes' zero would hide it
+    # float8_e8m0fnu: 2^-127 is a float32 subnormal, below the kernel's float32 range, so the
+    # kernel runs in float64, where e8m0fnu's grid is a 0-bit-mantissa format with emin = -127.
+    with np.errstate(invalid="ignore"):  # signalling NaNs widen quietly: they become NaN (0xFF)
+        wide = a.astype(np.float64)
+    r = np.empty_like(wide)
+    _emulate(wide, r, fmt, code, generator, saturate)
+    r[r == 0] = fmt.min_normal  # below 2^-127 there is no zero to round to: the smallest value
+    r[~(wide > 0)] = np.nan  # 0, -0, negatives and NaN have no encoding: NaN (0xFF), as ml_dtypes
+    np.copyto(out, r, casting="unsafe")  # every value 2^-127..2^127 is a float32: exact
+
+
+def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator | None = None,
+             *, saturate: bool = False, backend: str = "auto", out: np.ndarray | None = None):
     """fl(x): x rounded into `fmt` by `mode` (overflow gives inf, or NaN in e4m3fn, unless `saturate`).
 
     mode: nearest_even (IEEE default), nearest_away (NVIDIA's fp32->tf32 conversion),
     toward_zero, up (toward +inf), down (toward -inf), stochastic (up with probability equal
-    to the distance from the value below, in ulps; needs `rng`).
+    to the distance from the value below, in ulps; needs `generator`, whose stream it continues).
     saturate: overflow and inf go to +-max_finite instead. torch 2.12 and later cast to
     float8_e4m3fn this way; ml_dtypes and older torch give NaN, this function's default.
     Directed modes rounding toward zero always stop at +-max_finite, as IEEE 754 prescribes.
+    MX formats (OCP MX v1.0; ml_dtypes agrees bit for bit except where noted):
+    float4_e2m1fn and float6_* have neither inf nor NaN, so overflow and +-inf always
+    saturate to +-max_finite (the MX spec's clamp; `saturate` changes nothing); a NaN input
+    has no encoding and comes back NaN (ml_dtypes returns a zero there). float8_e8m0fnu
+    holds 2^k, -127 <= k <= 127: nearest_even ties go up (a 0-bit mantissa's last kept bit
+    is the implicit 1), values below 2^-127 go to 2^-127 in every mode (no zero), overflow
+    and +inf give NaN (0xFF) unless `saturate` (then 2^127), and 0, negatives and NaN give
+    NaN, as ml_dtypes does (torch's e8m0fnu cast gives 2^-127 for 0 and drops the sign).
+    Where the libraries stray from one correct rounding, this function does not follow:
+    ml_dtypes casts float64 into these formats through float32 (double rounding), and both
+    it and torch take float32 subnormals in (2^-127, 1.5 * 2^-127) up to 2^-126 in e8m0fnu.
     backend: "auto" takes the library cast for float16 and float32 targets (exact and
     fastest there) and the integer kernel otherwise; "native" forces the library cast and
     raises where none is exact; "emulated" always runs the kernel. All agree bit for bit.
@@ -452,9 +482,10 @@ def round_to(x, fmt, mode: str = "nearest_even", rng: np.random.Generator | None
     fmt = get_format(fmt)
     code = _mode_code(mode)
     check_choice(backend, "backend", BACKENDS)
-    if code == _STOCHASTIC and not isinstance(rng, np.random.Generator):
+    if code == _STOCHASTIC and not isinstance(generator, np.random.Generator):
         raise ValueError(
-            f"stochastic rounding needs rng=np.random.default_rng(seed), got rng={rng!r}"
+            "stochastic rounding needs generator=np.random.default_rng(seed), "
+            f"got generator={generator!r}"
         )
     a, restore = _to_numpy(x)
     if out is None:
@@ -477,8 +508,10 @@ def round_to(x, fmt, mode: str = "nearest_even", rng: np.random.Generator | None
         )
     if native is not None and (backend == "native" or (backend == "auto" and fmt.name in _AUTO_NATIVE)):
         native(out)
+    elif fmt.has_nan and fmt.signed:
+        _emulate(a, out, fmt, code, generator, saturate)
     else:
-        _emulate(a, out, fmt, code, rng, saturate)
+        _emulate_mx(a, out, fmt, code, generator, saturate)
     return restore(out)
 
 
@@ -520,6 +553,8 @@ def next_up(x, fmt):
         stepped = round_to(a + np.asarray(ulp(a, fmt)) / 2, fmt, "up")
     out = np.where(up > a, up, stepped)
     out = np.where(a == -np.inf, -fmt.max_finite, out)
+    if not (fmt.has_nan and fmt.signed):  # the MX formats saturate: nothing above max_finite
+        out = np.where(a >= fmt.max_finite, np.nan, out)
     return restore(out)
 
 
@@ -552,7 +587,7 @@ class BitFields:
 def decompose(x: float, fmt, mode: str = "nearest_even") -> BitFields:
     """Round scalar x into fmt and split it into sign, exponent and mantissa fields."""
     fmt = get_format(fmt)
-    v = float(round_to(float(x), fmt, mode, rng=np.random.default_rng(0)))
+    v = float(round_to(float(x), fmt, mode, generator=np.random.default_rng(0)))
     e_bits, m_bits = fmt.exponent_bits, fmt.mantissa_bits
     sign = int(np.signbit(v))
     top = 2**e_bits - 1
@@ -574,6 +609,8 @@ def decompose(x: float, fmt, mode: str = "nearest_even") -> BitFields:
         frac = int(np.ldexp(abs(v), m_bits - (int(e) - 1))) - 2**m_bits
         meaning = f"(-1)^{sign} * 2^{int(e) - 1} * 1.{frac:0{m_bits}b}b = {v!r}"
     bits = f"{sign} {big_e:0{e_bits}b} {frac:0{m_bits}b}"
+    if not fmt.signed:  # float8_e8m0fnu: its eight bits are the exponent alone
+        bits = f"{big_e:0{e_bits}b}"
     return BitFields(v, fmt.name, sign, big_e, frac, kind, bits, meaning)
 
 

@@ -43,7 +43,9 @@ Files, one concept each (lowest first):
 * `lookup`: `embedding`, a row lookup whose gradient adds repeated rows in a fixed order;
 * `layers`: `Linear`;
 * `optim`: `SGD`, `Adam`;
-* `quantize`: `fake_quantize`.
+* `quantize`: `fake_quantize`;
+* `quantized_linear`: `quantized_linear`, `QuantizedLinear`, a linear layer whose inputs
+  and output gradient pass through a `precisionlab.quantize` quantizer (FP8/MX recipes).
 """
 
 from .activations import cast, exp, gelu, log, sigmoid, silu, tanh
@@ -56,6 +58,7 @@ from .optim import SGD, Adam
 from .precision import ACCUMULATORS, BACKENDS, Precision
 from .products import linear, matmul
 from .quantize import fake_quantize
+from .quantized_linear import QuantizedLinear, quantized_linear
 from .reductions import log_softmax, mean, sum
 from .sampling import randn
 from .summation import fixed_sum
@@ -67,6 +70,7 @@ __all__ = [
     "Adam",
     "Linear",
     "Precision",
+    "QuantizedLinear",
     "cast",
     "embedding",
     "exp",
@@ -82,6 +86,7 @@ __all__ = [
     "matmul",
     "mean",
     "mse_loss",
+    "quantized_linear",
     "randn",
     "rms_norm",
     "sigmoid",

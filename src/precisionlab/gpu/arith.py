@@ -112,7 +112,7 @@ class RoundedAdder:
             self.dtype = np.dtype(np.float64)
 
     def _round(self, v: np.ndarray) -> np.ndarray:
-        return round_to(v, self.fmt, self.mode, rng=self.generator)
+        return round_to(v, self.fmt, self.mode, generator=self.generator)
 
     def convert(self, x) -> np.ndarray:
         """fl(x) for every entry of x (any real inputs), as a C-contiguous container array."""
@@ -130,7 +130,7 @@ class RoundedAdder:
         s = np.ascontiguousarray(np.add(a, b, dtype=self.dtype))
         if s.ndim == 0:
             return np.asarray(self._round(s.reshape(1))).reshape(())
-        return round_to(s, self.fmt, self.mode, rng=self.generator, out=s)
+        return round_to(s, self.fmt, self.mode, generator=self.generator, out=s)
 
     def add_any(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """fl(a + b) for arbitrary float64 operands (e.g. exact products), via round to odd."""
@@ -162,5 +162,5 @@ def rounded_add(a, b, fmt, mode: str = "nearest_even", *, seed: int | None = Non
         return a + b
     a, b = np.broadcast_arrays(a, b)
     s, e = two_sum(a, b)
-    out = round_to(np.ascontiguousarray(round_to_odd(s, e)), fmt, mode, rng=gen)
+    out = round_to(np.ascontiguousarray(round_to_odd(s, e)), fmt, mode, generator=gen)
     return np.asarray(out).reshape(a.shape)

@@ -271,7 +271,7 @@ def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
             parts = _chunks(adder.add, v, -(-n // splits))
             if partial is not None:
                 parts = adder.convert(round_to(parts.astype(np.float64), get_format(partial), mode,
-                                               rng=gen))
+                                               generator=gen))
             total = _sequential(adder.add, parts)
         else:  # kahan
             total = _kahan(adder, v)
@@ -279,5 +279,5 @@ def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
             total = np.broadcast_to(total, (lanes,))
 
     result = np.asarray(round_to(np.ascontiguousarray(total, dtype=np.float64), out_fmt, mode,
-                                 rng=gen), dtype=np.float64)
+                                 generator=gen), dtype=np.float64)
     return result.reshape(lead)[()] if lead else result.reshape(())[()]

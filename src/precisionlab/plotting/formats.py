@@ -99,7 +99,7 @@ def plot_number_line(fmt, lo: float, hi: float, x: float | None = None,
         x = float(x)
         below = float(round_to(x, fmt, "down"))
         above = float(round_to(x, fmt, "up"))
-        fx = float(round_to(x, fmt, mode, rng=np.random.default_rng(0)))
+        fx = float(round_to(x, fmt, mode, generator=np.random.default_rng(0)))
         for nb in {below, above}:
             ax.annotate(f"{nb:.8g}", (nb, 0.4), xytext=(0, 4), textcoords="offset points",
                         ha="center", va="bottom", fontsize=8.5)

@@ -1,0 +1,42 @@
+"""Two-level scaling (NVFP4): an E4M3 scale per block under one float32 scale for the tensor."""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats import get_format
+from ..rounding import round_to
+from .choices import ELEMENT_FORMATS, check_format
+from .grid import as_float32, block_amax, block_shape, blocked
+from .result import Quantized, encode
+
+__all__ = ["quantize_two_level"]
+
+_F32_MAX = torch.finfo(torch.float32).max
+
+
+def quantize_two_level(x, elem="float4_e2m1fn", block=16, axis: int = -1) -> Quantized:
+    """S = fl32(448 max_E / amax), b_k = fl_e4m3(amax_k S / max_E), q = fl_E(fl32(x fl32(S / b_k))), x ~ q b_k / S.
+
+    The NVFP4 layout: 16-element blocks along `axis` (or a tile tuple, as in
+    `quantize_blocks`), each with an E4M3 scale b_k, under a float32 tensor scale chosen so
+    that the largest block scale is E4M3's max, 448. The decode scale of block k is
+    b_k * g with g = fl32(1 / S) (stored as `tensor_scale`); dequantizing multiplies
+    exactly in float64. S = 1 for an all-zero tensor, float32 max if 448 max_E / amax
+    overflows; a block whose b_k rounds to 0 quantizes to 0. x must be finite.
+    """
+    e = check_format(elem, "elem", ELEMENT_FORMATS)
+    e4m3 = get_format("float8_e4m3fn")
+    x32 = as_float32(x)
+    sizes = block_shape(tuple(x32.shape), block, axis)
+    amax = block_amax(blocked(x32, sizes))
+    top = torch.tensor(float(amax.max()) if amax.numel() else 0.0, dtype=torch.float32)
+    s = torch.tensor(e4m3.max_finite * e.max_finite, dtype=torch.float32) / top
+    s = torch.ones(()) if float(top) == 0 else torch.clamp(s, max=_F32_MAX)
+    g = (1 / s).to(torch.float64)
+    # amax_k * S is exact in float64 (24 + 24 bits); one rounding of it / max_E, then E4M3.
+    b = round_to(amax * s.to(torch.float64) / e.max_finite, e4m3, saturate=True)
+    bf = b.to(torch.float32)
+    m = torch.where(bf > 0, s / bf, torch.zeros((), dtype=torch.float32))
+    return encode(x32, sizes, amax, m, b * g, e, "float8_e4m3fn", stored=bf,
+                  tensor_scale=float(g))

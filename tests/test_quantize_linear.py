@@ -1,0 +1,113 @@
+"""QuantizedLinear: forward and backward against float64 products of independently quantized operands."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from test_quantize import reference
+
+from precisionlab import emulate
+from precisionlab.emulate.quantized_linear import QuantizedLinear, quantized_linear
+from precisionlab.quantize import DelayedScaling, quantize_blocks, quantize_per_tensor
+
+MX = functools.partial(quantize_blocks, block=8)  # small MX-style blocks along K
+
+
+def dyadic(shape, seed, low=-3, high=3):
+    """Entries k * 2^e with |k| <= 7: exact in float8_e4m3fn under a power-of-two scale."""
+    rng = np.random.default_rng(seed)
+    k = rng.integers(-7, 8, shape)
+    return torch.from_numpy((k * 2.0 ** rng.integers(low, high, shape)).astype(np.float32))
+
+
+def test_exact_operands_give_the_float64_product_forward_and_backward():
+    # Every operand survives its quantizer, and the sums are exact in float32: the layer
+    # must equal float64 matmuls of the raw operands, bit for bit.
+    x, w, b, dy = dyadic((6, 16), 0), dyadic((4, 16), 1), dyadic((4,), 2), dyadic((6, 4), 3)
+    x.requires_grad_(True)
+    lin = QuantizedLinear(w, b, x_quantizer=MX, w_quantizer=MX,
+                          grad_quantizer=functools.partial(quantize_blocks, block=4))
+    y = lin(x)
+    y.backward(dy)
+    x64, w64 = x.detach().double(), w.double()
+    assert torch.equal(y.detach().double(), x64 @ w64.T + b.double())
+    assert torch.equal(x.grad.double(), dy.double() @ w64)
+    assert torch.equal(lin.weight.grad.double(), dy.double().T @ x64)
+    assert lin.stats["x"] == {"saturated": 0.0, "underflowed": 0.0, "subnormal": 0.0}
+
+
+def fl32_matmul_bound(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|fl32 sum - exact| <= K u sum |a||b| (u = 2^-24) for a sequential float32 sum, plus one rounding."""
+    k = a.shape[1]
+    return (k + 1) * 2.0**-24 * (a.abs() @ b.abs()) + 1e-300
+
+
+@pytest.mark.parametrize("elem, scale_format", [("float8_e4m3fn", "float8_e8m0fnu"),
+                                                ("float4_e2m1fn", "float8_e8m0fnu"),
+                                                ("float8_e5m2", "float32")])
+def test_forward_and_backward_match_independently_quantized_operands(elem, scale_format):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    x[:, 3] *= 100.0  # an outlier channel
+    w = (rng.standard_normal((4, 16)) / 4).astype(np.float32)
+    dy = rng.standard_normal((8, 4)).astype(np.float32) * 1e-3
+    q = functools.partial(quantize_blocks, elem=elem, block=4, scale_format=scale_format)
+    xt = torch.from_numpy(x).requires_grad_(True)
+    stats: dict = {}
+    y = quantized_linear(xt, torch.from_numpy(w), None, x_quantizer=q, w_quantizer=q,
+                         grad_quantizer=q, stats=stats)
+    y.backward(torch.from_numpy(dy))
+
+    def deq(a):  # the loop reference's dequantized operand, then rounded to float32 once
+        ref = reference(a, elem, (1, 4), scale_format)
+        d = np.repeat(np.array(ref["d"], dtype=np.float64), 4, axis=1)
+        return torch.from_numpy((ref["q"] * d).astype(np.float32)).double(), ref
+
+    xh, xref = deq(x)
+    wh, _ = deq(w)
+    gh, _ = deq(dy)
+    exact = xh @ wh.T
+    assert ((y.detach().double() - exact).abs() <= fl32_matmul_bound(xh, wh.T)).all()
+    assert ((xt.grad.double() - gh @ wh).abs() <= fl32_matmul_bound(gh, wh)).all()
+    assert stats["x"]["underflowed"] == xref["underflowed"]
+    assert set(stats) == {"x", "w", "grad"}
+
+
+def test_no_quantizers_is_emulate_linear_and_from_torch_copies_parameters():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 4)
+    q = QuantizedLinear.from_torch(lin)
+    x = torch.randn(3, 16)
+    assert torch.equal(q(x), emulate.linear(x, lin.weight.detach(), lin.bias.detach(), "float32"))
+    assert torch.equal(q.weight, lin.weight) and q.weight.dtype == torch.float32
+
+
+def test_gradient_quantizer_underflow_is_reported_and_zeroes_the_gradient():
+    x = dyadic((4, 16), 5).requires_grad_(True)
+    w = dyadic((2, 16), 6)
+    tiny = torch.full((4, 2), 1e-30)
+    tiny[0, 0] = 1.0  # one large entry sets the per-tensor scale: the rest underflow in e5m2
+    stats: dict = {}
+    y = quantized_linear(x, w, grad_quantizer=functools.partial(
+        quantize_per_tensor, elem="float8_e5m2", scale_format="float8_e8m0fnu"), stats=stats)
+    y.backward(tiny)
+    assert stats["grad"]["underflowed"] == 7 / 8
+    assert torch.equal(x.grad[1:], torch.zeros(3, 16))
+
+
+def test_delayed_scaling_inside_the_layer_updates_between_calls():
+    ds = DelayedScaling(amax_history_len=4)
+    lin = QuantizedLinear(dyadic((2, 16), 7), x_quantizer=ds)
+    lin(dyadic((3, 16), 8) * 64)
+    first = ds.scale
+    lin(dyadic((3, 16), 9) * 64)
+    assert first != 1.0 and ds.history[1] > 0
+
+
+@pytest.mark.parametrize("bad, err", [(3, TypeError), (lambda t: t, TypeError)])
+def test_a_bad_quantizer_is_named(bad, err):
+    with pytest.raises(err, match="x quantizer must"):
+        quantized_linear(torch.ones(2, 4), torch.ones(3, 4), x_quantizer=bad)

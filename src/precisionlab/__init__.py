@@ -12,9 +12,12 @@ floor up; a module imports only from floors below its own:
 2. ``rounding`` -- fl(x) into a format in six modes (``round_to``), ``ulp``,
    ``next_up``/``next_down``, bit fields, and the one rounding-mode check. ``tables`` --
    the chapters' table printer and the format table.
-3. ``emulate/`` -- portable reduced-precision arithmetic with autograd: fixed-order
+3. ``quantize/`` -- scales at every grain for FP8/MX recipes: per-tensor current and
+   delayed (amax history), per-block (MX, 1x128 and 128x128 tiles), two-level (NVFP4),
+   with the shares that saturated, underflowed and landed subnormal. ``emulate/`` -- portable reduced-precision arithmetic with autograd: fixed-order
    matmul and sums, elementwise ops rounded once, the portable exp/log and normal sampler,
-   optimizers, and the numba kernels that mirror them; the same bits on every CPU.
+   optimizers, a quantized linear layer, and the numba kernels that mirror them; the same
+   bits on every CPU.
    ``gpu/`` -- how GPUs add: reduction orders, matmuls, tensor cores, device profiles and
    ``Kernel`` (one description of how a sum or matmul runs). ``updates`` -- updates that a
    narrow weight format swallows, boundary crossings, weight-storage policies.
@@ -26,7 +29,8 @@ floor up; a module imports only from floors below its own:
    per-operation bound rules, propagation and the round-off-or-bug verdict, and the
    labelled corpus.
 5. ``mixed_precision`` -- a run's precision policy (autocast device and dtype, loss
-   scaler) and low-precision weight storage. ``plotting/`` -- the house style and the
+   scaler) and low-precision weight storage. ``scaling_runs`` -- the chapters' training
+   runs around a scaler (a scaler in front of the network, the AMP loop). ``plotting/`` -- the house style and the
    figures (``ax=None`` in, the Axes out).
 6. ``widgets/`` -- the frame switcher (its JS and CSS are package data) and one view per
    chapter. ``diagnose/`` -- the book's lessons pointed at the reader's own model.

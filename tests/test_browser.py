@@ -6,9 +6,12 @@ URLs, with every request that is not a file: URL aborted and recorded. On every 
 no console errors or uncaught exceptions, nothing fetched from outside the build, every
 formula typeset by the bundled MathJax (no raw `\\(`), every image loaded, internal links
 and anchors resolve. On every chapter page: an "Open in Colab" link to the chapter's
-notebook, and each `precisionlab.widgets.interactive` control moved: the shown frame
+notebook, and each `precisionlab.widgets.interactive` control moved: the shown view
 changes, the address's fragment records the view and opening that address restores it,
-and the controls stay within the page-weight budget. A screenshot of each chapter's
+and the controls stay within the page-weight budget. At a 1280-pixel window, also on every
+chapter page: no block wider than the text column (folded solutions opened), every figure
+with descriptive alt text, zero serious or critical axe-core violations (WCAG 2 A/AA), and
+each explorer's main slider with at least 12 positions whose moves redraw its SVG. A screenshot of each chapter's
 moved control is saved under _build/screenshots/, and page weights under
 _build/browser-report.json.
 
@@ -283,10 +286,132 @@ def test_chapters_colab_and_interactive_controls(site, browser):
     assert not problems, "\n".join(problems)
 
 
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]  # WCAG 2.0 and 2.1, levels A and AA
+MAIN_SLIDER_POSITIONS = 12  # issue 21: a slider a reader drags through a trend, not a toggle
+PATH_LIKE = re.compile(r"(^|/)_images/|\.(png|jpe?g|gif|svg)$|^[0-9a-f]{16,}", re.I)
+
+# Every block of the chapter column, with the folded solutions opened: anything wider than the
+# column, or scrolled sideways inside itself, is reported.
+_WIDE_BLOCKS = """() => {
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  const col = document.querySelector('article.bd-article') || document.querySelector('main');
+  const edge = col.getBoundingClientRect().right + 1, wide = [];
+  const blocks = col.querySelectorAll('pre, div.highlight, div.cell_output > div, table, img, svg, '
+                                      + '.pl-interactive, mjx-container[display="true"]');
+  for (const el of blocks) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || el.closest('svg') !== el && el.closest('svg')) { continue; }
+    const x = getComputedStyle(el).overflowX;
+    const scrolled = (x === 'auto' || x === 'scroll') && el.scrollWidth > el.clientWidth + 1;
+    if (r.right > edge || scrolled) {
+      wide.push(`${el.tagName.toLowerCase()}.${String(el.className.baseVal ?? el.className)}`
+                + ` ${Math.round(r.width)} px${scrolled ? ' (scrolls)' : ''}: `
+                + (el.getAttribute('alt') || el.textContent || '').trim().slice(0, 50));
+    }
+  }
+  return [Math.round(col.getBoundingClientRect().width), wide];
+}"""
+
+
+def _explorer_chapters() -> set[str]:
+    """Chapters whose notebook shows an explorer (a widgets.*_explorer call): they need a slider."""
+    return {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")
+            if "_explorer(" in p.read_text(encoding="utf-8")}
+
+
+def _figure_alts(page) -> list[str]:
+    """Problems with the chapter's figures: an image or drawn SVG with no alt text or a path for one."""
+    alts = page.evaluate("""() => {
+        const col = document.querySelector('article.bd-article') || document;
+        return [...Array.from(col.querySelectorAll('img'), i => ['img', i.getAttribute('alt') || '',
+                                                               (i.getAttribute('src') || '').slice(-40)]),
+                ...Array.from(col.querySelectorAll('svg.pl-figure'),
+                              s => ['svg', s.getAttribute('aria-label') || '', ''])];
+    }""")
+    problems = []
+    for kind, alt, src in alts:
+        text = alt.strip()
+        if len(text) < 12 or PATH_LIKE.search(text) or (src and text.endswith(src)):
+            problems.append(f"{kind} alt text is not a description: {text[:60]!r} ({src})")
+    return problems
+
+
+def _main_slider(page, root, label: str) -> list[str]:
+    """The output's main slider (most positions) has >= 12 and each move redraws the SVG."""
+    sliders = root.locator("input[type=range]")
+    sizes = [sliders.nth(k).evaluate("e => Number(e.max) - Number(e.min) + 1")
+             for k in range(sliders.count())]
+    if not sizes or max(sizes) < MAIN_SLIDER_POSITIONS:
+        return [f"{label}: main slider has {max(sizes, default=0)} positions, "
+                f"fewer than {MAIN_SLIDER_POSITIONS}"]
+    slider = sliders.nth(sizes.index(max(sizes)))
+    slider.focus()
+    problems, seen = [], set()
+    for key in ("Home", "ArrowRight", "ArrowRight", "End", "ArrowLeft"):
+        page.keyboard.press(key)
+        _, figure, _ = _shown(root)
+        if not figure.startswith("<svg"):
+            problems.append(f"{label}: after {key} the view is not drawn as SVG")
+        seen.add(figure)
+    if len(seen) < 4:
+        problems.append(f"{label}: moving the main slider over 5 positions drew {len(seen)} "
+                        "different figures")
+    return problems
+
+
+def _axe(page) -> list[str]:
+    """axe-core's serious and critical WCAG 2 A/AA violations on the page, one line each."""
+    from axe_playwright_python.sync_playwright import Axe
+
+    # preload off: axe would fetch the stylesheets by XMLHttpRequest, which file: pages refuse
+    result = Axe().run(page, options={"runOnly": {"type": "tag", "values": AXE_TAGS},
+                                      "resultTypes": ["violations"], "preload": False})
+    return [f"axe {v['impact']} {v['id']}: {v['help']} at "
+            + ", ".join(str(n["target"]) for n in v["nodes"][:3])
+            + (f" (+{len(v['nodes']) - 3})" if len(v["nodes"]) > 3 else "")
+            for v in result.response["violations"] if v["impact"] in ("serious", "critical")]
+
+
+def test_chapter_pages_fit_describe_their_figures_and_pass_axe(site, browser):
+    """Issue 21 at 1280 px: no block wider than the column, every figure described, no serious
+    or critical axe-core violation, and each explorer's main slider has 12 positions that redraw."""
+    pytest.importorskip("axe_playwright_python", reason="pip install axe-playwright-python")
+    with_explorer = _explorer_chapters()
+    problems, widths = [], {}
+    for path in _chapters(site):
+        name = path.stem
+        visit = Visit(browser, site, path)
+        try:
+            visit.wait_for_math()
+            page = visit.page
+            problems += [f"{name}: {p}" for p in _axe(page)]
+            problems += [f"{name}: {p}" for p in _figure_alts(page)]
+            controls = page.locator(".pl-interactive")
+            if name in with_explorer and controls.count() == 0:
+                problems.append(f"{name}: the notebook shows an explorer; the page has none")
+            for k in range(controls.count()):
+                problems += _main_slider(page, controls.nth(k), f"{name} control {k}")
+            widths[name], wide = page.evaluate(_WIDE_BLOCKS)
+            problems += [f"{name}: wider than the {widths[name]} px column: {w}" for w in wide]
+            problems += [f"{name}: console: {e}" for e in visit.errors]
+            problems += [f"{name}: fetched from outside the build: {u}" for u in visit.blocked]
+        finally:
+            visit.close()
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems)
+
+
+def _shown(root) -> tuple:
+    """What one interactive output shows: its view index, drawn figure (SVG or PNG) and text."""
+    return (root.get_attribute("data-pl-frame"),
+            root.evaluate("""r => { const s = r.querySelector('svg.pl-figure');
+                                    const i = r.querySelector('img.pl-frame');
+                                    return s ? s.outerHTML : (i.style.display === 'none' ? '' : i.src); }"""),
+            root.locator(".pl-panel").inner_text())
+
+
 def _move(page, root, label: str) -> list[str]:
     """Move the first control of one interactive output; the frame and picture must change."""
-    before = (root.get_attribute("data-pl-frame"), root.locator("img.pl-frame").get_attribute("src"),
-              root.locator(".pl-panel").inner_text())
+    before = _shown(root)
     control = root.locator("[data-pl-param]").first
     kind = control.evaluate("e => e.type")
     if kind == "range":
@@ -299,8 +424,7 @@ def _move(page, root, label: str) -> list[str]:
         index = control.evaluate("e => e.selectedIndex")
         count = control.evaluate("e => e.options.length")
         control.select_option(index=(index + 1) % count)
-    after = (root.get_attribute("data-pl-frame"), root.locator("img.pl-frame").get_attribute("src"),
-             root.locator(".pl-panel").inner_text())
+    after = _shown(root)
     problems = []
     if after[0] == before[0]:
         problems.append(f"{label}: moving the {kind} control left frame {before[0]}")

@@ -1,15 +1,19 @@
 """The chapters' explorers: each is interactive(xxx_view, XXX_GRID, **defaults), one output that
 a live front end (Jupyter, Colab, VS Code) shows as ipywidgets controls recomputing xxx_view,
-and the HTML book as a self-contained frame switcher (no kernel, no network). Views only
+and the HTML book as a self-contained view switcher (no kernel, no network) drawing each
+view's figure as SVG from its data. Views only
 check their input and call the package's plain functions. Files, one concept each:
 
 * `view`: what a view returns, (TextPanel, Figure), and the input check it uses;
-* `frames`: `interactive` / `Interactive`, the live form and the static frame switcher (PNG
-  frames, grid checks, page budgets); its script and style are `static/switcher.js` and
+* `frames`: `interactive` / `Interactive`, the live form and the static view switcher (every
+  grid point's text panel and figure spec, the default view as a PNG, grid checks, page
+  budgets); its scripts and style are `static/plot.js`, `static/switcher.js` and
   `static/switcher.css`, package data;
+* `figure_json`: a matplotlib Figure as a small JSON spec (data, scales, ticks, labels,
+  legend) that `static/plot.js` draws as SVG in the page;
 * `bits` and `crossing` (chapter 1): fl(x) bit by bit; steps until fl(w + k·lr) moves;
 * `reduction` (chapter 2): one vector summed in each GPU order, tested against tol;
-* `world` (chapter 3): the bouncing ball's solver passes under a stopping rule;
+* `world` (chapter 3): the bouncing ball's solver passes under a stopping rule, by horizon;
 * `underflow` (chapter 4): the attenuation model g0·a^k against a format's floors;
 * `scaling` (chapter 5): dynamic loss scaling's scale and headroom;
 * `phantom` (chapter 6): phantom clipping in a short GRPO run;
@@ -19,7 +23,7 @@ check their input and call the package's plain functions. Files, one concept eac
 from .allclose import ALLCLOSE_GRID, allclose_explorer, allclose_view
 from .bits import BIT_GRID, bit_explorer, bit_view
 from .crossing import CROSSING_GRID, crossing_explorer, crossing_view
-from .frames import MAX_FRAMES, STATIC_BUDGET_BYTES, Interactive, interactive
+from .frames import MAX_FRAMES, PANEL_COLUMNS, STATIC_BUDGET_BYTES, Interactive, interactive
 from .phantom import PHANTOM_GRID, phantom_explorer, phantom_view
 from .reduction import REDUCTION_GRID, reduction_data, reduction_explorer, reduction_view
 from .scaling import SCALING_GRID, scaling_explorer, scaling_view
@@ -32,6 +36,7 @@ __all__ = [
     "BIT_GRID",
     "CROSSING_GRID",
     "MAX_FRAMES",
+    "PANEL_COLUMNS",
     "PHANTOM_GRID",
     "REDUCTION_GRID",
     "SCALING_GRID",

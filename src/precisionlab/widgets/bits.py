@@ -14,7 +14,7 @@ from .view import TextPanel, check_real, view_figure
 __all__ = ["BIT_GRID", "bit_explorer", "bit_view"]
 
 BIT_GRID: dict[str, tuple] = {
-    "value": (0.1, 0.3, 1000.0),
+    "value": (1e-05, 0.001, 0.01, 0.1, 0.2, 0.3, 0.5, 1.0, 3.0, 10.0, 100.0, 1000.0),
     "fmt": ("float32", "tf32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"),
     "mode": ("nearest_even", "toward_zero"),
 }

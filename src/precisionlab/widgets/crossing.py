@@ -17,7 +17,7 @@ MAX_TRAJECTORY_STEPS = 20_000  # the longest trajectory the explorer draws
 
 CROSSING_GRID: dict[str, tuple] = {
     "w": (0.25, 1.0, 4.0),
-    "lr": (1e-6, 1e-5, 1e-4, 1e-3),
+    "lr": (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3),
     "fmt": ("bfloat16", "float16", "float8_e5m2"),
 }
 

@@ -1,9 +1,12 @@
-"""interactive(view, grid): live ipywidgets in a kernel, frames precomputed over the grid elsewhere."""
+"""interactive(view, grid): live ipywidgets in a kernel, views precomputed over the grid elsewhere."""
 
 # One output serves both: a live front end (Jupyter, Colab, VS Code; ipywidgets 7 or 8) shows
-# controls recomputing view(**params); the HTML book shows a self-contained control (no kernel,
-# no network) that switches among the frames of the grid's product, drawn once at build time.
-# The switcher's script and style are package data (static/switcher.js, static/switcher.css).
+# controls recomputing view(**params) with matplotlib; the HTML book shows a self-contained
+# control (no kernel, no network) that switches among the views of the grid's product, computed
+# once at build time: each view's text panel and its figure as a small JSON spec
+# (figure_json.figure_spec) that static/plot.js draws as SVG. The default view is also a PNG
+# <img>, shown when scripts are off. A figure the spec cannot express is kept as a PNG frame.
+# The scripts and style are package data (static/plot.js, static/switcher.js, switcher.css).
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import itertools
 import json
 import math
 import re
+import textwrap
 from importlib.resources import files
 
 import IPython
@@ -24,19 +28,22 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
 
+from .figure_json import UnsupportedFigure, figure_spec
 from .view import TextPanel, figure_summary, panel_html
 
-__all__ = ["FRAME_COLORS", "FRAME_DPI", "MAX_FRAMES", "STATIC_BUDGET_BYTES", "Interactive",
+__all__ = ["FRAME_COLORS", "FRAME_DPI", "MAX_FRAMES", "PANEL_COLUMNS", "STATIC_BUDGET_BYTES", "Interactive",
            "frame_png", "interactive"]
 
-MAX_FRAMES = 48                 # views one static control may carry (the grid's product)
+MAX_FRAMES = 600                # views one static control may carry (the grid's product)
 STATIC_BUDGET_BYTES = 1_000_000  # bytes one static control may add to a page (a chapter may have two)
 FRAME_DPI = 100                 # 7 in wide figures -> 700 px, the width of the book's text column
 FRAME_COLORS = 96               # palette size of the quantised PNG frames
+PANEL_COLUMNS = 80              # the widest text panel line that fits the book's column
 
 _STATIC = files(__package__) / "static"
 _STATIC_CSS = (_STATIC / "switcher.css").read_text(encoding="utf-8").strip()
-_STATIC_JS = (_STATIC / "switcher.js").read_text(encoding="utf-8").strip()
+_STATIC_JS = "\n".join((_STATIC / name).read_text(encoding="utf-8").strip()
+                       for name in ("plot.js", "switcher.js"))
 
 
 def frame_png(fig: Figure, dpi: int = FRAME_DPI) -> bytes:
@@ -151,10 +158,12 @@ class Interactive:
         self.default_panel, default_fig = view(**self.fixed, **chosen)  # bad input raises here
         self._default_png = frame_png(default_fig)
         self._default_alt = _describe(self.default_panel, default_fig)
+        self._default_fig = default_fig
         self._frames = None
         self._html = None
         self._widget = None
         self.controls: dict = {}
+        self.fallbacks: list = []  # (params, reason) of views kept as PNG frames
 
     # ---------------------------------------------------------------- static frames
 
@@ -167,33 +176,43 @@ class Interactive:
         return tuple(next(k for k, c in enumerate(self.grid[n]) if _same(params[n], c))
                      for n in self.names)
 
+    def _figure(self, fig: Figure, params: dict):
+        """A view's figure for the page: its spec, or PNG bytes when the spec cannot express it."""
+        try:
+            return figure_spec(fig)
+        except UnsupportedFigure as err:  # kept as a picture, never dropped; tests list these
+            self.fallbacks.append((params, str(err)))
+            return frame_png(fig)
+
     def frames(self) -> dict:
-        """Every grid point's view, row-major: {'frames': [(image id, panel id)], 'images', 'alts', 'panels'}."""
-        # images: PNG bytes (None for a point outside the view's domain), each distinct picture
-        # once, with alts its description; panels: the text panels' HTML, each distinct one once.
+        """Every grid point's view, row-major: {'frames': [(figure id, panel id)], 'figures', 'alts', 'panels'}."""
+        # figures: each distinct one once, a spec dict, PNG bytes (a fallback), or None for a
+        # point outside the view's domain; alts: their descriptions; panels: the text panels'
+        # HTML, each distinct one once.
         if self._frames is not None:
             return self._frames
-        images, alts, panels, frames = [], [], [], []
-        image_ids, panel_ids = {}, {}
+        figures, alts, panels, frames = [], [], [], []
+        figure_ids, panel_ids = {}, {}
         default_index = self._index(self.params)
         for index in itertools.product(*(range(len(self.grid[n])) for n in self.names)):
             params = {n: self.grid[n][k] for n, k in zip(self.names, index, strict=True)}
-            if index == default_index:
-                html_, png, alt = panel_html(self.default_panel), self._default_png, self._default_alt
-            else:
-                try:
-                    panel, fig = self.view(**self.fixed, **params)
-                    html_, png, alt = panel_html(panel), frame_png(fig), _describe(panel, fig)
-                except ValueError as err:  # outside the view's domain: say so in the frame
-                    html_, png, alt = panel_html(TextPanel(str(err), error=True)), None, ""
-            frames.append((image_ids.setdefault(png, len(image_ids)),
+            try:
+                panel, fig = ((self.default_panel, self._default_fig) if index == default_index
+                              else self.view(**self.fixed, **params))
+                html_, figure, alt = panel_html(panel), self._figure(fig, params), _describe(panel, fig)
+            except ValueError as err:  # outside the view's domain: say so, in <= 80 columns
+                message = textwrap.fill(str(err), PANEL_COLUMNS)
+                html_, figure, alt = panel_html(TextPanel(message, error=True)), None, ""
+            key = figure if figure is None or isinstance(figure, bytes) else json.dumps(
+                figure, separators=(",", ":"))
+            frames.append((figure_ids.setdefault(key, len(figure_ids)),
                            panel_ids.setdefault(html_, len(panel_ids))))
-            if len(image_ids) > len(images):
-                images.append(png)
+            if len(figure_ids) > len(figures):
+                figures.append(figure)
                 alts.append(alt)
             if len(panel_ids) > len(panels):
                 panels.append(html_)
-        self._frames = {"frames": frames, "images": images, "alts": alts, "panels": panels}
+        self._frames = {"frames": frames, "figures": figures, "alts": alts, "panels": panels}
         return self._frames
 
     @property
@@ -207,6 +226,8 @@ class Interactive:
     def _control_html(self, name: str, labels: list[str], k0: int) -> str:
         """One control, labelled with its parameter's name: checkbox, slider or drop-down."""
         values, esc = self.grid[name], html.escape(name)
+        if len(values) == 1:  # nothing to choose: shown as text, not as a control
+            return f'<span><span class="pl-name">{esc}</span> = {html.escape(labels[0])}</span>'
         tag = f'data-pl-param="{esc}" aria-label="{esc}"'
         if _is_toggle(values):
             return (f'<label><input type="checkbox" {tag}{" checked" if values[k0] else ""}> '
@@ -221,7 +242,7 @@ class Interactive:
         return f'<label><span class="pl-name">{esc}</span><select {tag}>{options}</select></label>'
 
     def static_html(self) -> str:
-        """Self-contained HTML: controls, the default view, frames as data: URIs and the script."""
+        """Self-contained HTML: controls, the default view as a PNG, every view's data and the scripts."""
         if self._html is not None:
             return self._html
         data = self.frames()
@@ -237,22 +258,23 @@ class Interactive:
         flat0 = 0
         for i, n in enumerate(self.names):
             flat0 = flat0 * len(self.grid[n]) + start[i]
-        img0, panel0 = data["frames"][flat0]
+        panel0 = data["frames"][flat0][1]
         parts.append(f'<div class="pl-panel" aria-live="polite">{data["panels"][panel0]}</div>')
         shown = " ".join(self.title.split("_")).strip()  # bit_view -> "bit view"
         said = ", ".join(f"{n}={labels[i][start[i]]}" for i, n in enumerate(self.names))
-        about = data["alts"][img0]
+        about = self._default_alt
         alt = f"{shown}, {said}" + (f": {about}" if about else "")
+        # the default view as a picture: what a page without scripts, or a printout, shows
         parts.append(f'<img class="pl-frame" alt="{html.escape(alt)}" '
-                     f'src="{_data_uri(data["images"][img0])}">')
-        images = ["" if k == img0 else (None if png is None else _data_uri(png))
-                  for k, png in enumerate(data["images"])]
+                     f'src="{_data_uri(self._default_png)}">')
+        figures = [None if f is None else _data_uri(f) if isinstance(f, bytes) else f
+                   for f in data["figures"]]
         payload = {"id": uid, "view": shown, "names": self.names, "labels": labels,
-                   "checkbox": checkbox, "frames": data["frames"], "images": images,
+                   "checkbox": checkbox, "frames": data["frames"], "figures": figures,
                    "alts": data["alts"], "panels": data["panels"]}
         blob = json.dumps(payload, separators=(",", ":")).replace("</", "<\\/")
-        parts.append(f'<p class="pl-note">{self.size} precomputed views ({len(images)} distinct '
-                     "figures); run the notebook for live controls.</p>")
+        parts.append(f'<p class="pl-note">{self.size} views computed when the page was built '
+                     f"({len(figures)} distinct figures); run the notebook for live controls.</p>")
         parts.append(f'<script type="application/json" class="pl-data">{blob}</script>')
         parts.append(f"<script>{_STATIC_JS}</script></div>")
         self._html = "".join(parts)

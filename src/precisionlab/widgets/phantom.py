@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from matplotlib.figure import Figure
 
 from ..plotting import plot_run_metric
@@ -9,22 +11,31 @@ from ..rl import PolicyConfig, RunConfig, train, with_changes
 from .frames import interactive
 from .view import TextPanel, check_real
 
-__all__ = ["PHANTOM_GRID", "phantom_explorer", "phantom_view"]
+__all__ = ["PHANTOM_GRID", "phantom_explorer", "phantom_view", "trained"]
 
-PHANTOM_GRID: dict[str, tuple] = {"eps": (0.05, 0.2, 10.0)}  # each frame trains a run
+# Each eps trains two runs; the step slider (phantom_explorer adds it, 0..steps-1) re-reads them.
+PHANTOM_GRID: dict[str, tuple] = {"eps": (0.05, 0.2, 10.0)}
+
+
+@lru_cache(maxsize=8)
+def trained(cfg: PolicyConfig, run: RunConfig, seed: int):
+    """rl.train(cfg, run, seed=seed), computed once per argument set (views of one run share it)."""
+    return train(cfg, run, seed=seed, progress=False)
 
 
 def phantom_view(engine: str = "bf16", trainer: str = "fp32", eps: float = 0.2,
-                 lr: float = 5e-5, steps: int = 25, seed: int = 0) -> tuple[TextPanel, Figure]:
+                 lr: float = 5e-5, steps: int = 25, seed: int = 0,
+                 step: int | None = None) -> tuple[TextPanel, Figure]:
     """A short GRPO run (rl.train) and its matched partner (trainer = engine): reward and clipping per step."""
     run = RunConfig(trainer=trainer, engine=engine, lr=check_real(lr, "lr"),
                     eps_low=check_real(eps, "eps"), eps_high=check_real(eps, "eps"),
                     steps=int(steps))  # RunConfig names the valid choices on bad input
+    if step is not None and (isinstance(step, bool) or step != int(step) or not 0 <= step < steps):
+        raise ValueError(f"step must be a whole number in [0, steps={steps}); got step={step!r}")
     cfg = PolicyConfig()
-    log = train(cfg, run, seed=seed, progress=False)
+    log = trained(cfg, run, int(seed))
     # The matched partner (trainer = engine, same seed and eps): the convergence contrast.
-    ref = log if trainer == engine else train(cfg, with_changes(run, trainer=engine),
-                                              seed=seed, progress=False)
+    ref = log if trainer == engine else trained(cfg, with_changes(run, trainer=engine), int(seed))
     early = slice(0, min(5, steps))
     lines = [
         f"{trainer} trainer, {engine} engine, eps {eps:g}, lr {lr:g}, {steps} steps",
@@ -37,6 +48,10 @@ def phantom_view(engine: str = "bf16", trainer: str = "fp32", eps: float = 0.2,
         f"mean reward  : {log.reward[early].mean():.2f} in the first 5 steps, "
         f"{log.reward[-5:].mean():.2f} in the last 5",
     ]
+    if step is not None:
+        k = int(step)
+        lines.append(f"step {step}: reward {log.reward[k]:.2f} (matched {ref.reward[k]:.2f}), "
+                     f"clipped {log.clip[k]:.1%}, phantom {log.phantom[k]:.1%}")
     fig = Figure(figsize=(9.0, 3.4))
     ax_r, ax_c = fig.subplots(1, 2)
     plot_run_metric({f"{trainer} trainer": log, f"{engine} trainer (matched)": ref}, "reward",
@@ -52,12 +67,16 @@ def phantom_view(engine: str = "bf16", trainer: str = "fp32", eps: float = 0.2,
     ax_c.set_ylabel("fraction of tokens")
     ax_c.set_title("Tokens in a dead zone")
     ax_c.legend()
-    fig.tight_layout()
+    if step is not None:  # the step the slider points at
+        for ax in (ax_r, ax_c):
+            ax.axvline(int(step), color="#555555", lw=1, ls="--")
+    fig.set_layout_engine("tight")  # laid out when drawn (live widget, PNG), not per view
     return TextPanel("\n".join(lines)), fig
 
 
 def phantom_explorer(engine: str = "bf16", trainer: str = "fp32", eps: float = 0.2,
                      lr: float = 5e-5, steps: int = 25, seed: int = 0):
-    """interactive(phantom_view, PHANTOM_GRID, ...): the clip range eps moves; the rest is fixed."""
-    return interactive(phantom_view, PHANTOM_GRID, engine=engine, trainer=trainer, eps=eps,
-                       lr=lr, steps=steps, seed=seed)
+    """interactive(phantom_view, PHANTOM_GRID + step 0..steps-1, ...): eps and the step inspected move."""
+    grid = {**PHANTOM_GRID, "step": tuple(range(int(steps)))}
+    return interactive(phantom_view, grid, engine=engine, trainer=trainer, eps=eps,
+                       lr=lr, steps=steps, seed=seed, step=int(steps) - 1)

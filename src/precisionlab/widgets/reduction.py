@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -12,14 +14,14 @@ from ..rounding import round_to, ulp
 from .frames import interactive
 from .view import TextPanel, check_real, view_figure
 
-__all__ = ["REDUCTION_GRID", "reduction_data", "reduction_explorer", "reduction_view"]
+__all__ = ["REDUCTION_GRID", "reduction_data", "reduction_explorer", "reduction_sums", "reduction_view"]
 
 REDUCTION_BLOCKS = (1, 2, 4, 8, 16, 32, 64, 128)  # the block sizes the view accepts
 
 REDUCTION_GRID: dict[str, tuple] = {
     "order": ("sequential", "pairwise", "blocked", "warp", "split_k", "atomic", "kahan"),
     "acc": ("float16", "bfloat16", "float32"),
-    "block": (1, 16),
+    "margin": (-3e-3, -1e-3, -3e-4, -1e-4, -3e-5, -1e-5, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3),
 }
 
 
@@ -27,6 +29,17 @@ def reduction_data(n: int = 256, seed: int = 0):
     """The explorer's vector: n positive float16 values in [0.25, 1), drawn from default_rng(seed)."""
     rng = np.random.default_rng(seed)
     return np.asarray(round_to(rng.uniform(0.25, 1.0, n), "float16"), dtype=np.float64)
+
+
+@lru_cache(maxsize=64)
+def reduction_sums(order: str, acc: str, block: int, n: int, runs: int, seed: int) -> np.ndarray:
+    """The explorer's vector summed in `order` with an `acc` accumulator: runs sums for atomic, else one."""
+    x = reduction_data(n, seed)
+    lanes = runs if order == "atomic" else 1  # every other order gives one answer
+    sums = np.atleast_1d(reduce_sum(np.broadcast_to(x, (lanes, n)), order, acc, block=block,
+                                    seed=seed))
+    sums.setflags(write=False)  # shared by every view with these arguments (the margin moves)
+    return sums
 
 
 def reduction_view(order: str = "atomic", acc="float16", block: int = 1, margin: float = 1e-3,
@@ -40,12 +53,10 @@ def reduction_view(order: str = "atomic", acc="float16", block: int = 1, margin:
     m = check_real(margin, "margin")
     if m == 0 or abs(m) >= 1:
         raise ValueError(f"margin must be nonzero and below 1 in size; got margin={m!r}")
-    x = reduction_data(n, seed)
-    exact = float(exact_sum(x))
+    exact = float(exact_sum(reduction_data(n, seed)))
     tol = exact * (1 + m)
-    lanes = runs if order == "atomic" else 1  # every other order gives one answer
-    sums = np.atleast_1d(reduce_sum(np.broadcast_to(x, (lanes, n)), order, f, block=block,
-                                    seed=seed))
+    sums = reduction_sums(order, f.name, block, int(n), int(runs), int(seed))
+    lanes = sums.size
     flip = float(flip_probability(sums, exact, m))
     u = float(ulp(exact, f))
     lines = [
@@ -63,6 +74,6 @@ def reduction_view(order: str = "atomic", acc="float16", block: int = 1, margin:
 
 
 def reduction_explorer(order: str = "atomic", acc="float16", block: int = 1, margin: float = 1e-3):
-    """interactive(reduction_view, REDUCTION_GRID, ...): order x accumulator x block, margin fixed."""
+    """interactive(reduction_view, REDUCTION_GRID, ...): order x accumulator x margin, block fixed."""
     return interactive(reduction_view, REDUCTION_GRID, order=order, acc=get_format(acc).name,
                        block=block, margin=margin)

@@ -19,7 +19,7 @@ from .view import TextPanel, check_real
 __all__ = ["SCALING_GRID", "scaling_explorer", "scaling_view"]
 
 SCALING_GRID: dict[str, tuple] = {
-    "growth_interval": (10, 50, 200),
+    "growth_interval": (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 400, 600),
     "spike_rate": (0.0, 0.01, 0.05),
     "init_scale": (2.0**8, 2.0**16),
 }
@@ -59,7 +59,7 @@ def scaling_view(growth_interval: int = 50, spike_rate: float = 0.01,
     ax_g.set_ylabel("scaled gradient")
     ax_g.set_title("Headroom below overflow")
     legend_outside(ax_g)
-    fig.tight_layout()
+    fig.set_layout_engine("tight")  # laid out when drawn (live widget, PNG), not per view
     return TextPanel("\n".join(lines)), fig
 
 

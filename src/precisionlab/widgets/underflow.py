@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -19,13 +21,20 @@ from ..underflow import (
 from .frames import interactive
 from .view import TextPanel, check_real, view_figure
 
-__all__ = ["UNDERFLOW_GRID", "underflow_explorer", "underflow_view"]
+__all__ = ["UNDERFLOW_GRID", "network_probe", "underflow_explorer", "underflow_view"]
 
 UNDERFLOW_GRID: dict[str, tuple] = {
-    "attenuation": (0.7, 0.8, 0.82, 0.9, 0.95),
+    "attenuation": (0.5, 0.6, 0.7, 0.75, 0.8, 0.82, 0.85, 0.88, 0.9, 0.92, 0.95, 0.98),
     "fmt": ("float16", "bfloat16", "float32"),
     "network": (False, True),
 }
+
+
+@lru_cache(maxsize=32)
+def network_probe(depth: int, attenuation: float, fmt: str, seed: int):
+    """probe_gradients of AttenuatingNet(depth, 64, attenuation, fmt, seed) on its batch, computed once."""
+    return probe_gradients(AttenuatingNet(depth, 64, attenuation, fmt, seed),
+                           *make_batch(64, 16, fmt, seed))
 
 
 def underflow_view(attenuation: float = 0.82, depth: int = 96, fmt="float16", g0: float = 1.0,
@@ -50,8 +59,7 @@ def underflow_view(attenuation: float = 0.82, depth: int = 96, fmt="float16", g0
         if f.name not in NETWORK_FORMATS:
             raise ValueError(f"the network runs only in {', '.join(NETWORK_FORMATS)}; "
                              f"got fmt={f.name!r}")
-        probes = {name: probe_gradients(AttenuatingNet(depth, 64, a, name, seed),
-                                        *make_batch(64, 16, name, seed))
+        probes = {name: network_probe(depth, a, name, int(seed))
                   for name in dict.fromkeys(("float32", f.name))}
         g = fit_g0(probes["float32"], a)  # the network sets g0; the slider value is not used
         head = f"a = {a:g}, {depth} layers, {f.name}; g0 fitted to the float32 network: {g:.3g}"

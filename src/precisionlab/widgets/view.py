@@ -23,8 +23,9 @@ class TextPanel:
 
     def _repr_html_(self) -> str:
         color = "#b00020" if self.error else "inherit"
-        return (f'<pre style="font-size: 0.9em; line-height: 1.35; color: {color}">'
-                f"{html.escape(self.text)}</pre>")
+        # 12.5 px monospace holds 80 columns in the book's column; longer lines wrap, never scroll
+        return (f'<pre style="font-size: 12.5px; line-height: 1.35; white-space: pre-wrap; '
+                f'overflow-wrap: anywhere; color: {color}">{html.escape(self.text)}</pre>')
 
     def __repr__(self) -> str:
         return self.text

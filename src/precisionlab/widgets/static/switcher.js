@@ -1,5 +1,5 @@
-// precisionlab's static frame switcher: shows frames precomputed over a grid, with no kernel
-// and no network. Every control is a native <input>/<select>, so Tab reaches it and the arrow
+// precisionlab's static view switcher: shows views precomputed over a grid, with no kernel
+// and no network; a view's figure is a spec drawn as SVG by plot.js (window.PLPlot), or a PNG. Every control is a native <input>/<select>, so Tab reaches it and the arrow
 // keys (Home/End on a slider) move it. The fragment #<id>--<name>-<index>... selects a view (a
 // shareable link); it uses only [A-Za-z0-9_-], so themes that hand location.hash to
 // querySelector do not throw.
@@ -9,14 +9,18 @@
     root.setAttribute("data-pl-ready", "1");
     var data = JSON.parse(root.querySelector("script.pl-data").textContent);
     var img = root.querySelector("img.pl-frame"), panel = root.querySelector(".pl-panel");
-    if (img) { data.images[data.images.indexOf("")] = img.getAttribute("src"); }
+    var box = document.createElement("div");  // holds the drawn SVG; the <img> is for no-script
+    box.className = "pl-figure-box";
+    img.parentNode.insertBefore(box, img.nextSibling);
     var ctl = data.names.map(function (n) { return root.querySelector("[data-pl-param='" + n + "']"); });
     function get(i) {
       var c = ctl[i];
+      if (!c) { return 0; }  // a parameter with one value has no control
       return c.type === "checkbox" ? data.checkbox[i][c.checked ? 1 : 0] : parseInt(c.value, 10);
     }
     function put(i, k) {
       var c = ctl[i];
+      if (!c) { return; }
       if (c.type === "checkbox") { c.checked = data.checkbox[i][1] === k; } else { c.value = String(k); }
     }
     function show(share) {
@@ -26,17 +30,18 @@
         flat = flat * data.labels[i].length + k;
         parts.push(data.names[i] + "-" + k);
         said.push(data.names[i] + "=" + text);
-        if (ctl[i].type === "range") { ctl[i].setAttribute("aria-valuetext", text); }
+        if (ctl[i] && ctl[i].type === "range") { ctl[i].setAttribute("aria-valuetext", text); }
         var out = root.querySelector("output[data-pl-for='" + data.names[i] + "']");
         if (out) { out.textContent = text; }
       }
       var frame = data.frames[flat];
       panel.innerHTML = data.panels[frame[1]];
-      if (img) {
-        var src = data.images[frame[0]], about = data.alts[frame[0]];
-        img.style.display = src ? "" : "none";
-        if (src) { img.src = src; img.alt = data.view + ", " + said.join(", ") + (about ? ": " + about : ""); }
-      }
+      var fig = data.figures[frame[0]], about = data.alts[frame[0]];
+      var alt = data.view + ", " + said.join(", ") + (about ? ": " + about : "");
+      box.textContent = "";
+      img.style.display = typeof fig === "string" ? "" : "none";
+      if (typeof fig === "string") { img.src = fig; img.alt = alt; }  // a PNG frame
+      else if (fig) { box.appendChild(window.PLPlot.draw(fig, alt, data.id)); }
       root.setAttribute("data-pl-frame", String(flat));
       if (share) {
         try { history.replaceState(null, "", "#" + data.id + "--" + parts.join("--")); } catch (e) {}
@@ -53,6 +58,7 @@
       return true;
     }
     ctl.forEach(function (c) {
+      if (!c) { return; }
       c.addEventListener("input", function () { show(true); });
       c.addEventListener("change", function () { show(true); });
     });

@@ -7,7 +7,9 @@ forward, memory within 2x the model's own. Each job runs in a fresh subprocess. 
 peak resident memory of one call beyond the resident memory just before it (Linux: the peak is
 reset through /proc/self/clear_refs), with the model, the batch, the optimizer and triage's
 bfloat16 copy already built: "cold" is the first call, which also pays one-time imports and JIT
-compilation (numba in precisionlab.rounding), "warm" a later call.
+compilation (numba in precisionlab.rounding), "warm" a later call. Times: the best of 3 to 50
+runs after those two, on the wall clock and in the process's CPU time (which a loaded machine
+disturbs less).
 
     python3 benchmarks/bench_diagnose.py            # both sizes
     python3 benchmarks/bench_diagnose.py --small    # the 10^5 model only
@@ -91,7 +93,7 @@ def _peak_extra(fn) -> float:
 
 
 def one(size: str, job: str) -> dict:
-    """Time one job (best of 3 after a warm-up) and its peak memory (cold and warm), in this process."""
+    """Time one job (best of 3 to 50 runs after a warm-up) and its peak memory (cold and warm)."""
     import torch
 
     from precisionlab import diagnose
@@ -122,13 +124,14 @@ def one(size: str, job: str) -> dict:
     with torch.no_grad() if job == "forward" else torch.enable_grad():
         cold = _peak_extra(fn)
         warm = _peak_extra(fn)
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
+        times, cpus = [], []  # at least 3 runs, up to 50 while they take under a second in all
+        while len(times) < 3 or (sum(times) < 1.0 and len(times) < 50):
+            t, c = time.perf_counter(), time.process_time()
             fn()
             times.append(time.perf_counter() - t)
-    return {"params": n, "seconds": min(times), "model_mib": model_mib, "cold_mib": cold,
-            "warm_mib": warm}
+            cpus.append(time.process_time() - c)
+    return {"params": n, "seconds": min(times), "cpu": min(cpus), "model_mib": model_mib,
+            "cold_mib": cold, "warm_mib": warm}
 
 
 def main() -> None:
@@ -141,27 +144,29 @@ def main() -> None:
         return
     sizes = ["1e5"] if args.small else list(SIZES)
     print("one thread; triage and forward on a 2 x 32 batch, the rest on 8 x 64 tokens;")
-    print("memory: peak MiB of one call beyond the resident memory before it, and / model")
+    print("memory: peak MiB of one call beyond the resident memory before it, and / model;")
+    print("cpu: the process's CPU seconds (best run) and their multiple, steadier than the")
+    print("wall clock on a loaded machine (determinism runs 2 threads: its CPU time adds both)")
     print(f"{'model':>5} {'params':>8} {'job':>11} {'seconds':>8} {'multiple':>14} "
-          f"{'cold MiB':>8} {'/ model':>7} {'warm MiB':>8} {'/ model':>7}")
+          f"{'cpu s':>7} {'cpu x':>6} {'cold MiB':>8} {'/ model':>7} {'warm MiB':>8} {'/ model':>7}")
     for size in sizes:
         res = {}
         for job in JOBS:
             out = subprocess.run([sys.executable, __file__, "--one", size, job],
                                  capture_output=True, text=True, check=True)
             res[job] = json.loads(out.stdout.strip().splitlines()[-1])
-        step, fwd = res["train_step"]["seconds"], res["forward"]["seconds"]
         for job in JOBS:
             r = res[job]
+            base = res["forward" if job == "triage" else "train_step"]
             if job in ("train_step", "forward"):
-                mult = "-"
-            elif job == "triage":
-                mult = f"{r['seconds'] / fwd:.1f} x forward"
+                mult, cpu_x = "-", "-"
             else:
-                mult = f"{r['seconds'] / step:.1f} x step"
+                mult = f"{r['seconds'] / base['seconds']:.1f} x " + (
+                    "forward" if job == "triage" else "step")
+                cpu_x = f"{r['cpu'] / base['cpu']:.1f}"
             mm = r["model_mib"] or math.nan
             print(f"{size:>5} {r['params']:>8} {job:>11} {r['seconds']:>8.4f} {mult:>14} "
-                  f"{r['cold_mib']:>8.1f} {r['cold_mib'] / mm:>7.2f} "
+                  f"{r['cpu']:>7.4f} {cpu_x:>6} {r['cold_mib']:>8.1f} {r['cold_mib'] / mm:>7.2f} "
                   f"{r['warm_mib']:>8.1f} {r['warm_mib'] / mm:>7.2f}")
 
 

@@ -30,8 +30,11 @@ def _step(x, sign: int) -> np.ndarray:
     """The float64 neighbour of x toward sign * inf (torch's nextafter, several times faster than
     NumPy's); infinities stay (a float64 value past the range is past every format's)."""
     a = np.asarray(x, dtype=np.float64)
-    t = torch.from_numpy(np.ascontiguousarray(a)).reshape(a.shape)  # 0-d stays 0-d
-    y = torch.nextafter(t, _TO[sign]).numpy()
+    if a.size <= 256:  # NumPy's call costs less than the conversions
+        y = np.nextafter(a, sign * math.inf)
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(a)).reshape(a.shape)  # 0-d stays 0-d
+        y = torch.nextafter(t, _TO[sign]).numpy()
     inf = np.isinf(a)
     return np.where(inf, a, y) if inf.any() else y
 
@@ -51,6 +54,10 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def _t(a: np.ndarray) -> torch.Tensor:
+    """A float64 tensor of a's values: a's own memory when it is contiguous and writable."""
+    a = np.asarray(a, dtype=np.float64)
+    if a.flags.c_contiguous and a.flags.writeable:
+        return torch.from_numpy(a)
     return torch.from_numpy(np.array(a, dtype=np.float64, order="C"))  # keeps 0-d arrays 0-d
 
 
@@ -69,20 +76,65 @@ def _internal(fmt: str) -> str:
 
 
 def _mk(lo, hi) -> iv.Interval:
+    """[lo, hi] as an order-oblivious Interval; a NaN end means no information (the whole line).
+
+    Where every lo <= hi (no NaN, no empty range) the Interval is assembled directly: its
+    constructor's checks (NaN ends, lo > hi) are the ones just made, and its copies are not
+    needed (no rule writes into a bound's arrays)."""
     lo = np.asarray(lo, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
+    if lo.shape != hi.shape:
+        lo, hi = np.broadcast_arrays(lo, hi)
+    if (lo <= hi).all():
+        x = _BARE(iv.Interval)
+        x.lo, x.hi, x.nan, x.value, x.rule = lo, hi, np.zeros(lo.shape, bool), None, "oblivious"
+        return x
     bad = np.isnan(lo) | np.isnan(hi)
     if bad.any():  # no information: the whole line
         lo, hi = np.where(bad, -np.inf, lo), np.where(bad, np.inf, hi)
     return iv.Interval(lo, hi, None, "oblivious")
 
 
+_BARE = object.__new__
+
+
+def _nudge(y: np.ndarray, wrong: np.ndarray, sign: int) -> np.ndarray:
+    """y (float32/float16) moved one step toward sign * inf where `wrong`: on the sign-magnitude
+    bit pattern i, adding (i >> top bit) | 1 (+1 for a positive pattern, -1 for a negative one)
+    grows the magnitude by one step (from +-0 to +-q, from +-max_finite to +-inf), subtracting
+    it shrinks it (from an infinity to +-max_finite)."""
+    i = y.view(np.int32 if y.dtype == np.float32 else np.int16)
+    step = ((i >> (8 * i.itemsize - 1)) | 1) * wrong
+    return (i + step if sign > 0 else i - step).view(y.dtype)
+
+
+def _directed(a: np.ndarray, fmt: str, sign: int) -> np.ndarray:
+    """RD (sign -1) or RU (sign 1) of float64 values into fmt (float32, bfloat16, float16):
+    NumPy's cast to nearest, then one step toward sign * inf where it landed on the wrong side;
+    bfloat16 (whose values are float32 values) from the float32 result by clearing the low 16
+    bits of the pattern after adding 0xFFFF where that grows the magnitude (negative
+    sign for RD, positive for RU). Past the range: +-max_finite or +-inf, as IEEE directed
+    rounding gives; infinities stay."""
+    a = np.asarray(a, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        y = a.astype(np.float16 if fmt == "float16" else np.float32)
+    wrong = (y > a) if sign < 0 else (y < a)
+    if wrong.any():  # none where a's values are values of the format already
+        y = _nudge(y, wrong, sign)
+    if fmt == "bfloat16":
+        i = y.view(np.int32)
+        grow = (i < 0) if sign < 0 else (i >= 0)
+        y = ((i + grow * np.int32(0xFFFF)) & np.int32(-65536)).view(np.float32)
+    return y.astype(np.float64)
+
+
 def _round_into(x: iv.Interval, fmt: str) -> iv.Interval:
-    """[RD_fmt(lo), RU_fmt(hi)] (a no-op for float64)."""
+    """[RD_fmt(lo), RU_fmt(hi)] (a no-op for float64); intervals.cast's bounds, by `_directed`.
+    The formats' values nest (float16, bfloat16 inside float32 inside float64), so rounding
+    into float32 first and then into fmt gives the same bounds: callers round once."""
     if fmt == "float64":
         return x
-    y = iv.cast(x, fmt)
-    return _mk(y.lo, y.hi)
+    return _mk(_directed(x.lo, fmt, -1), _directed(x.hi, fmt, 1))
 
 
 def _widen_rel(x: iv.Interval, ulps: float, fmt: str) -> iv.Interval:
@@ -93,7 +145,13 @@ def _widen_rel(x: iv.Interval, ulps: float, fmt: str) -> iv.Interval:
         dhi = _up(ulps * np.maximum(_up(f.eps * np.abs(x.hi)), f.min_subnormal))
         lo, hi = _dn(x.lo - dlo), _up(x.hi + dhi)
     # an infinite endpoint stays: an exact -inf (a masked score) is no neighbour of finite values
-    return _mk(np.where(np.isinf(x.lo), x.lo, lo), np.where(np.isinf(x.hi), x.hi, hi))
+    return _mk(_keep_inf(x.lo, lo), _keep_inf(x.hi, hi))
+
+
+def _keep_inf(end: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """new, with end's infinite entries kept."""
+    inf = np.isinf(end)
+    return np.where(inf, end, new) if inf.any() else new
 
 
 def _widen_abs(x: iv.Interval, r) -> iv.Interval:
@@ -107,7 +165,10 @@ def _finish(x: iv.Interval, fmt: str, ulps: float, extra: float = 0.0) -> iv.Int
     inner = _internal(fmt)
     y = _widen_rel(x, ulps, inner) if ulps > 0 else x
     if inner != "float64":
-        y = _round_into(_ftz(y, inner), inner)
+        y = _ftz(y, inner)
+        if not (extra > 0 and _reduced(fmt)):  # rounded into float32, then into fmt: one step
+            return _round_into(y, fmt)
+        y = _round_into(y, inner)
     if extra > 0 and _reduced(fmt):
         y = _widen_rel(y, extra, fmt)
     return _round_into(y, fmt)
@@ -116,9 +177,10 @@ def _finish(x: iv.Interval, fmt: str, ulps: float, extra: float = 0.0) -> iv.Int
 def _ftz(y: iv.Interval, fmt: str) -> iv.Interval:
     """Vectorised kernels may flush results below fmt's smallest normal to zero: include 0."""
     n = get_format(fmt).min_normal
-    lo = np.where((y.lo > 0) & (y.lo < n), 0.0, y.lo)
-    hi = np.where((y.hi < 0) & (y.hi > -n), 0.0, y.hi)
-    return _mk(lo, hi)
+    low, high = (y.lo > 0) & (y.lo < n), (y.hi < 0) & (y.hi > -n)
+    if not (low.any() or high.any()):
+        return y
+    return _mk(np.where(low, 0.0, y.lo), np.where(high, 0.0, y.hi))
 
 
 def _reduced(fmt: str) -> bool:
@@ -252,12 +314,18 @@ class Leaf:
         return self.rho + e * (1 + self.rho), self.tau * (1 + e) + f.min_subnormal
 
 
-def _midrad(x: iv.Interval, g64: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(m, r) float64 tensors with [lo, hi] inside [m - r, m + r] (r rounded up generously)."""
-    lo, hi = _t(x.lo), _t(x.hi)
-    m = lo / 2 + hi / 2
-    r = torch.maximum(hi - m, m - lo) * (1 + 4 * g64)
+def _midrad_np(lo: np.ndarray, hi: np.ndarray, g64: float) -> tuple[np.ndarray, np.ndarray]:
+    """(m, r) float64 arrays with [lo, hi] inside [m - r, m + r] (r rounded up generously)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = np.asarray(lo / 2 + hi / 2)
+        r = np.asarray(np.maximum(hi - m, m - lo) * (1 + 4 * g64))
     return m, r
+
+
+def _midrad(x: iv.Interval, g64: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_midrad_np` of x's ends, as float64 tensors."""
+    m, r = _midrad_np(np.asarray(x.lo, dtype=np.float64), np.asarray(x.hi, dtype=np.float64), g64)
+    return torch.from_numpy(m), torch.from_numpy(r)
 
 
 _F32_INF = torch.tensor(math.inf, dtype=torch.float32)
@@ -340,28 +408,41 @@ def close_products(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g6
     acc = get_format(_internal(fmt))
     inf_b = None
     extra = 0.0
+    pm, pr, s = pm.numpy(), pr.numpy(), s.numpy()  # the same float64 steps, in NumPy
     with np.errstate(invalid="ignore", over="ignore"):
-        over = torch.zeros((), dtype=torch.bool)
+        over = None
         if bias is not None:
             if _reduced(fmt):
                 f = get_format(fmt)
                 extra = 1.01 * f.unit_roundoff * s + f.min_subnormal
-                over = s * (1 + _gamma(terms, acc.unit_roundoff)) >= f.max_finite * 0.999
+                over = _over(s, 1 + _gamma(terms, acc.unit_roundoff), f.max_finite * 0.999)
             blo, bhi = bias.lo, bias.hi
             inf_b = (blo == bhi) & np.isinf(blo)
             if inf_b.any():
                 blo, bhi = np.where(inf_b, 0.0, blo), np.where(inf_b, 0.0, bhi)
-            bmid, brad = _midrad(_mk(blo, bhi), g64)
-            pm, pr, s = pm + bmid, pr + brad, s + bmid.abs() + brad
+            bmid, brad = _midrad_np(blo, bhi, g64)
+            pm, pr, s = pm + bmid, pr + brad, s + np.abs(bmid) + brad
             terms += 1
         u = acc.unit_roundoff
         rad = (pr + (_gamma(terms, u) + 3 * g64) * s + extra) * (1 + 8 * g64) + terms * (
             acc.min_subnormal + _TINY)
-        lo, hi = _dn((pm - rad).numpy()), _up((pm + rad).numpy())
-        over = ((s * (1 + _gamma(terms, u)) >= acc.max_finite) | over).numpy()
+        lo, hi = _dn(pm - rad), _up(pm + rad)
+        acc_over = _over(s, 1 + _gamma(terms, u), acc.max_finite)
+        if acc_over is not None:
+            over = acc_over if over is None else acc_over | over
     if inf_b is not None and inf_b.any():
         lo, hi = np.where(inf_b, bias.lo, lo), np.where(inf_b, bias.hi, hi)
+    if over is None or not over.any():
+        return lo, hi
     return np.where(over, -np.inf, lo), np.where(over, np.inf, hi)
+
+
+def _over(s: np.ndarray, grow: float, limit: float) -> np.ndarray | None:
+    """s grow >= limit elementwise, or None where no entry reaches it: the largest s screens
+    (rounded products are monotone in s; a NaN in s gives the elementwise test)."""
+    if s.size == 0 or float(s.max()) * grow < limit:
+        return None
+    return s * grow >= limit
 
 
 def _mm(a, b, bias: iv.Interval | None, fmt: str, b_t: bool = False, operand_rel: float = 0.0):
@@ -410,8 +491,35 @@ def _mm(a, b, bias: iv.Interval | None, fmt: str, b_t: bool = False, operand_rel
 # --------------------------------------------------------------------------- elementwise
 
 
+def _finite(x: iv.Interval) -> bool:
+    """Whether every end of x is finite."""
+    return bool(np.isfinite(x.lo).all() and np.isfinite(x.hi).all())
+
+
+def _add_finite(a: iv.Interval, b: iv.Interval, minus: bool, fmt: str) -> iv.Interval:
+    """intervals.add(a, b, fmt) (intervals.sub when minus) for finite a and b, the same bounds in
+    fewer passes: the float64 sums of the ends stepped outward (+-max64 where a sum of finite
+    ends overflowed), then rounded outward into fmt (correctly rounded: half an ulp)."""
+    blo, bhi = (-b.hi, -b.lo) if minus else (b.lo, b.hi)
+    with np.errstate(over="ignore"):
+        raw_lo, raw_hi = a.lo + blo, a.hi + bhi
+    lo, hi = _dn(raw_lo), _up(raw_hi)
+    over_lo, over_hi = raw_lo == np.inf, raw_hi == -np.inf
+    if over_lo.any() or over_hi.any():
+        big = np.finfo(np.float64).max
+        lo, hi = np.where(over_lo, big, lo), np.where(over_hi, -big, hi)
+    return _round_into(_mk(lo, hi), fmt)
+
+
 def _mul_iv(a: iv.Interval, b: iv.Interval) -> iv.Interval:
     """Exact product bounds (float64, outward)."""
+    if b.lo.size <= a.lo.size and (b.lo > 0).all() and (b.hi < np.inf).all():
+        # b within (0, inf) everywhere: no 0 * inf, and a.lo * b (a.hi * b) holds the least
+        # (greatest) of the four products; the same bounds from two products
+        with np.errstate(over="ignore"):
+            lo = _dn(np.minimum(a.lo * b.lo, a.lo * b.hi))
+            hi = _up(np.maximum(a.hi * b.lo, a.hi * b.hi))
+        return _mk(lo, hi)
     with np.errstate(invalid="ignore", over="ignore"):
         c = [a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi]
         nan = np.logical_or.reduce([np.isnan(x) for x in c])  # 0 * inf: NaN in the program

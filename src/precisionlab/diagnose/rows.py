@@ -104,10 +104,10 @@ def softmax_rule(x, dim, fmt, log=False):
                 mag = gap + np.maximum(np.abs(y.lo), np.abs(y.hi)) + 1.0
                 r = ((n + 4) * u + 2 * _u_out(fmt)) * mag
             r = np.where(z.hi == -np.inf, 0.0, r)  # an entry that is -inf stays -inf
-            r = np.where(np.isnan(r), np.inf, r)
+            r = np.fmin(r, np.inf)
             return _nan_where(_widen_abs(y, r), _row_nan(z))
         y = _moved(x, dim, fn)
-        return _round_into(_round_into(y, _internal(fmt)), fmt)
+        return _round_into(y, fmt)  # into float32, then fmt: the same bounds
 
     def fn(z):
         # x - max rounded in the internal format: e^x off by u |x - max| relative, i.e. the
@@ -115,7 +115,7 @@ def softmax_rule(x, dim, fmt, log=False):
         u = get_format(_internal(fmt)).unit_roundoff
         with np.errstate(invalid="ignore", over="ignore"):
             r = 2 * u * (np.max(z.hi, -1, keepdims=True) - z.lo)
-        r = np.where(z.hi == -np.inf, 0.0, np.where(np.isnan(r), np.inf, r))
+        r = np.where(z.hi == -np.inf, 0.0, np.fmin(r, np.inf))
         return _nan_where(_softmax_exact(_widen_abs(z, r)), _row_nan(z))
     y = _moved(x, dim, fn)
     nan = _whole(y)
@@ -133,7 +133,7 @@ def _norm_rule(x: iv.Interval, nshape, w, b, eps, fmt: str, rms: bool = False):
     eps_lo, eps_hi = (eps, eps) if np.isscalar(eps) else eps
     k = len(nshape)
     lead = x.shape[: x.ndim - k]
-    n = int(np.prod(nshape)) if k else 1
+    n = math.prod(nshape) if k else 1
     lo, hi = x.lo.reshape(*lead, n), x.hi.reshape(*lead, n)
     g = _gamma(n + 4, 2.0**-53)
     if rms:
@@ -170,8 +170,8 @@ def _norm_rule(x: iv.Interval, nshape, w, b, eps, fmt: str, rms: bool = False):
     with np.errstate(invalid="ignore", over="ignore"):
         r = u * ((2 * n + 16) * xmax * r_hi * wabs + 4 * yabs + 2 * babs)
         r = r + 2 * uf * (2 * xhat * wabs + babs + yabs)
-    y = _widen_abs(y, np.where(np.isnan(r), np.inf, r))
-    y = _round_into(_round_into(y, _internal(fmt)), fmt)
+    y = _widen_abs(y, np.fmin(r, np.inf))
+    y = _round_into(y, fmt)  # into float32, then fmt: the same bounds
     big = 4 * n * xmax**2 >= get_format(_internal(fmt)).max_finite  # squares may overflow
     nan = (_whole(_mk(lo, hi)) | np.isinf(lo) | np.isinf(hi)).any(-1, keepdims=True) | big
     y = _nan_where(y, nan)  # an infinite or unknown entry makes the row NaN
@@ -181,7 +181,7 @@ def _norm_rule(x: iv.Interval, nshape, w, b, eps, fmt: str, rms: bool = False):
 def sum_rule(x: iv.Interval, dim, keepdim: bool, fmt: str, mean: bool):
     axes = tuple(range(x.ndim)) if dim is None else ((dim,) if isinstance(dim, int) else tuple(dim))
     axes = tuple(a % max(x.ndim, 1) for a in axes)
-    n = int(np.prod([x.shape[a] for a in axes])) if axes else 1
+    n = math.prod(x.shape[a] for a in axes) if axes else 1
     u = get_format(_internal(fmt)).unit_roundoff
     g = _gamma(n, u) + _gamma(n + 2, 2.0**-53)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -265,12 +265,12 @@ def rule_cross_entropy(rec, get, fmt):
     zmax = np.max(np.maximum(np.abs(logits.lo), np.abs(logits.hi)), -1)
     with np.errstate(invalid="ignore", over="ignore"):
         r = (n + 4) * u * (zmax + np.abs(hi) + 1.0) + 2 * _u_out(fmt) * (2 * zmax + np.abs(hi) + 1)
-    r = np.where(np.isnan(r), np.inf, r)
+    r = np.fmin(r, np.inf)
     per = _widen_abs(_mk(np.where(keep, lo, 0.0), np.where(keep, hi, 0.0)), np.where(keep, r, 0))
     # the computed loss is >= 0: log of a computed sum >= 1 (the row maximum's term is exactly 1)
     nan = _whole(per)
     per = _nan_where(_mk(np.maximum(per.lo, 0.0), np.maximum(per.hi, 0.0)), nan)
-    per = _round_into(_round_into(per, inner), fmt)
+    per = _round_into(per, fmt)  # into float32, then fmt: the same bounds
     if reduction == "none":
         return [per]
     m = int(keep.sum())

@@ -45,8 +45,10 @@ from .bound_ops import (
     _FN_ULPS,
     Leaf,
     UnsupportedOperation,
+    _add_finite,
     _arg,
     _finish,
+    _finite,
     _gelu64,
     _internal,
     _is_t,
@@ -130,6 +132,8 @@ def _binary(name):
             B = _mul_iv(B, _mk(float(alpha), float(alpha)))
         op = name.strip("_").removeprefix("r").removeprefix("i").rstrip("_")
         inner = _internal(fmt)
+        if op in ("add", "sub", "subtract") and _finite(A) and _finite(B):
+            return [_round_into(_add_finite(A, B, op != "add", inner), fmt)]
         if op in ("add",):
             y = iv.add(A, B, inner)
         elif op in ("sub", "subtract"):
@@ -162,12 +166,6 @@ def _r_addmm(rec, get, fmt):
     if rec.kwargs.get("beta", 1) != 1 or rec.kwargs.get("alpha", 1) != 1:
         raise UnsupportedOperation("triage bounds addmm/baddbmm with alpha = beta = 1 only")
     return [_mm(a, b, bias, fmt)]
-
-
-
-
-
-
 
 
 def _r_embedding(rec, get, fmt):
@@ -259,8 +257,6 @@ def _r_pow(rec, get, fmt):
 def _r_neg(rec, get, fmt):
     x = get(rec.args[0])
     return [_mk(-x.hi, -x.lo)]
-
-
 
 
 def _r_amax(rec, get, fmt):

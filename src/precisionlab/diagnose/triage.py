@@ -41,7 +41,6 @@ torch (item, tolist, float) raises UnsupportedOperation.
 
 from __future__ import annotations
 
-import math
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from .. import intervals as iv
 from ..tables import Table
 from . import bound_ops as bd
 from . import rules as R
+from .opcheck import OpCheck, check, hull, union
 from .pairing import (
     _coarser,
     _coarsest,
@@ -78,6 +78,11 @@ _RANDOM = frozenset({"rand", "randn", "randint", "rand_like", "randn_like", "ber
 _ESCAPES = frozenset({"item", "tolist", "__float__", "numpy", "__complex__"})
 # a Python branch (or an index) taken on a float-derived value
 _BRANCHES = frozenset({"__bool__", "__int__", "__index__"})
+# queries of a tensor's metadata (no tensor value comes out): passed through unrecorded
+_INERT = frozenset({"is_floating_point", "is_complex", "dim", "ndimension", "numel", "nelement",
+                    "size", "shape", "dtype", "device", "ndim", "layout", "is_contiguous",
+                    "stride", "storage_offset", "data_ptr", "untyped_storage", "element_size",
+                    "requires_grad", "is_cuda", "get_device", "__len__"})
 
 
 def _name(func) -> str:
@@ -90,12 +95,17 @@ def _name(func) -> str:
 def _tensors(obj) -> list:
     if isinstance(obj, torch.Tensor):
         return [obj]
+    out = []
     if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors(o)]
-    return []
+        for o in obj:
+            if isinstance(o, torch.Tensor):
+                out.append(o)
+            elif isinstance(o, (list, tuple)):
+                out += _tensors(o)
+    return out
 
 
-@dataclass
+@dataclass(slots=True)
 class _Rec:
     index: int
     name: str
@@ -108,6 +118,7 @@ class _Rec:
     src: dict  # id(input tensor) -> (record index, output position) or None (a leaf)
     ids: list  # id() of each output object
     flat_key: tuple  # ("", name, occurrence in the whole run): pairing without module paths
+    ins: list  # the tensors among the arguments (positional, then keyword)
 
 
 class _Trace:
@@ -124,34 +135,38 @@ class _Trace:
         self.dd: set = set()  # id() of integer/bool tensors computed from float values
         self.branches: list = []  # Python branches taken on tensor values (bool(x > 0), ...)
         self.storage: dict = {}  # storage address -> id() of the traced tensors on it
+        self.shared: list = []  # traced tensors (leaves, outputs), mapped into `storage` lazily
+        self.mapped = 0  # how many of `shared` are in `storage`
 
-    def add(self, func, name, args, kwargs, outs):
+    def add(self, func, name, args, kwargs, outs, ins):
         path = self.stack[-1] if self.stack else ""
         k = (path, name)
         self.counts[k] = self.counts.get(k, -1) + 1
         self.counts[name] = self.counts.get(name, -1) + 1
-        src = {id(t): self.producer.get(id(t)) for t in _tensors(args) + _tensors(list(kwargs.values()))}
+        src = {id(t): self.producer.get(id(t)) for t in ins}
         i = len(self.records)
         rec = _Rec(i, name, func, args, kwargs, path, (path, name, self.counts[k]),
                    [o.detach().clone() for o in outs], src, [id(o) for o in outs],
-                   ("", name, self.counts[name]))
+                   ("", name, self.counts[name]), ins)
         self.records.append(rec)
-        for t in _tensors(args) + _tensors(list(kwargs.values())):
+        for t in ins:
             if t.is_floating_point() and src[id(t)] is None:  # a leaf: weights, inputs
-                self._share(t)
+                self.shared.append(t)
                 self.keep.append(t)  # alive, so its id and address are not reused
         for j, o in enumerate(outs):
             self.producer[id(o)] = (i, j)
             self.keep.append(o)
-            self._share(o)
-
-    def _share(self, t: torch.Tensor) -> None:
-        ptr = t.untyped_storage().data_ptr() if t.numel() else 0
-        if ptr:
-            self.storage.setdefault(ptr, set()).add(id(t))
+            self.shared.append(o)
 
     def check_alias(self, t: torch.Tensor, name: str) -> None:
-        """An in-place operation on memory another traced tensor (a view) shares: refuse it."""
+        """An in-place operation on memory another traced tensor (a view) shares: refuse it.
+        The storage of the tensors traced so far is looked up here, at the first in-place
+        operation after them (storage moves only by an in-place operation, which comes here)."""
+        for s in self.shared[self.mapped:]:
+            p = s.untyped_storage().data_ptr() if s.numel() else 0
+            if p:
+                self.storage.setdefault(p, set()).add(id(s))
+        self.mapped = len(self.shared)
         ptr = t.untyped_storage().data_ptr() if t.numel() else 0
         if ptr and self.storage.get(ptr, set()) - {id(t)}:
             raise UnsupportedOperation(
@@ -168,9 +183,11 @@ class _Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = _name(func)
-        ins = _tensors(args) + _tensors(list(kwargs.values()))
-        data = any(t.is_floating_point() or id(t) in self.tr.dd for t in ins)
+        if name in _INERT:
+            return func(*args, **kwargs)
+        ins = _tensors(args) + _tensors(list(kwargs.values())) if kwargs else _tensors(args)
         floats = any(t.is_floating_point() for t in ins)
+        data = floats or any(id(t) in self.tr.dd for t in ins)
         if data and (name in _ESCAPES or (floats and name in ("__int__", "__index__"))):
             raise UnsupportedOperation(
                 f"triage cannot follow a tensor's value into Python ({name}): the two programs "
@@ -195,7 +212,7 @@ class _Recorder(TorchFunctionMode):
             if name in _RANDOM:
                 raise UnsupportedOperation(f"triage cannot bound {name} (random numbers inside "
                                            "the program); draw them outside and pass them in")
-            self.tr.add(func, name, args, kwargs, outs)
+            self.tr.add(func, name, args, kwargs, outs, ins)
         return out
 
 
@@ -265,40 +282,6 @@ def trace(fn, inputs, name: str = "the program") -> _Trace:
     tr.outputs = [o.detach().clone() for o in outs]
     tr.final = [tr.producer.get(id(o)) for o in outs]
     return tr
-
-
-@dataclass(frozen=True)
-class OpCheck:
-    """One paired operation: the reference's value against the target's bound."""
-
-    index: int  # the operation's position in the target's trace
-    op: str  # "module.path: name#occurrence"
-    verdict: str
-    outside: int  # reference entries outside the bound
-    numel: int
-    element: tuple  # the worst entry
-    margin: float  # distance from the reference to the nearer edge (negative: outside)
-    width: float  # the bound's width there
-    lo: float
-    hi: float
-    reference: float
-    target: float
-    self_outside: int  # target entries outside their own bound (0 when the rules hold)
-    exact: bool = False  # a shape operation: its bound is the hull it started from
-
-    @property
-    def score(self) -> float:
-        """margin / half the width: 1 at the centre, 0 on an edge, negative outside."""
-        if self.width > 0:
-            return self.margin / (self.width / 2)
-        return math.inf if self.margin >= 0 else -math.inf
-
-    @property
-    def widths_outside(self) -> float:
-        """How many bound widths the reference lies outside (0 inside)."""
-        if self.margin >= 0:
-            return 0.0
-        return math.inf if self.width == 0 else -self.margin / self.width
 
 
 @dataclass(frozen=True)
@@ -387,47 +370,6 @@ class TriageReport(Report):
         ax.set_ylabel("margin / half-width")
         ax.legend(fontsize=7, loc="lower left")
         return ax
-
-
-def _hull(a: np.ndarray, b: np.ndarray) -> iv.Interval:
-    with np.errstate(invalid="ignore"):
-        lo, hi = np.minimum(a, b), np.maximum(a, b)
-    bad = np.isnan(lo) | np.isnan(hi)
-    return iv.Interval(np.where(bad, -np.inf, lo), np.where(bad, np.inf, hi), None, "oblivious")
-
-
-def _check(index, op, bound: iv.Interval, ref: np.ndarray, tgt: np.ndarray,
-           exact: bool = False) -> OpCheck:
-    lo, hi = bound.lo, bound.hi
-    # NaN is inside a bound only where the bound carries no information (a rule's way of saying
-    # "may be NaN": 0 * inf, sqrt of a negative, a fully masked softmax row), or where both
-    # programs give NaN
-    free = (lo == -np.inf) & (hi == np.inf)
-    both_nan = np.isnan(ref) & np.isnan(tgt)
-    with np.errstate(invalid="ignore"):
-        inside = ((lo <= ref) & (ref <= hi)) | both_nan | (free & np.isnan(ref))
-        self_in = ((lo <= tgt) & (tgt <= hi)) | both_nan | (free & np.isnan(tgt))
-        margin = np.minimum(ref - lo, hi - ref)
-        width = hi - lo
-    margin = np.where(np.isnan(margin), np.where(inside, np.inf, -np.inf), margin)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        score = np.where(width > 0, margin / (width / 2), np.where(inside, np.inf, -np.inf))
-    score = np.where(inside, np.maximum(score, 0.0), np.minimum(score, -1e-300))
-    score = np.where(np.isnan(score), np.inf, score)
-    flat = int(np.argmin(score)) if score.size else 0
-    el = np.unravel_index(flat, score.shape) if score.shape else ()
-    out = int((~inside).sum())
-    return OpCheck(index, op, "Type-II" if out else "Type-I", out, int(score.size),
-                   tuple(int(i) for i in el), float(margin[el]), float(width[el]), float(lo[el]),
-                   float(hi[el]), float(ref[el]), float(tgt[el]), int((~self_in).sum()), exact)
-
-
-
-
-
-
-
-
 
 
 def _declared(kernels: Mapping | None, rec) -> iv.Kernel | None:
@@ -547,8 +489,7 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
     # formats the reference computes in and its leaves' formats: an unpaired operation is bounded
     # in the coarsest of them too, and leaves are widened to cover a coarser reference copy
     ref_fmts = {bd.fmt_of(o.dtype) for r in rt.records for o in r.outs}
-    ref_leaf_fmts = {bd.fmt_of(t.dtype) for r in rt.records
-                     for t in _tensors(list(r.args)) + _tensors(list(r.kwargs.values()))
+    ref_leaf_fmts = {bd.fmt_of(t.dtype) for r in rt.records for t in r.ins
                      if t.is_floating_point() and r.src.get(id(t)) is None}
     ref_leaf_fmts |= {bd.fmt_of(t.dtype) for t in ins if t.is_floating_point()}
 
@@ -582,14 +523,11 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
                 fmts = _coarser(fmts[0], ref_fmt[rec.index])
         else:
             fmts = _coarsest({fmts[0]} | ref_fmts)
-        dd = rec.index not in matched and any(
-            id(t) in tt.dd for t in _tensors(list(rec.args)) + _tensors(list(rec.kwargs.values())))
+        dd = rec.index not in matched and any(id(t) in tt.dd for t in rec.ins)
         if rec.name in _CREATE:  # a constant: like a leaf (the reference may hold it coarser)
             bs = [_leaf_wide(o, ref_fmts) for o in rec.outs]
         elif dd:  # masks or indices computed from float values may differ in the reference
-            bs = [_unknown_choice(rec, get, f) for f in fmts]
-            bs = [bd._mk(np.minimum.reduce([p[j].lo for p in bs]),
-                        np.maximum.reduce([p[j].hi for p in bs])) for j in range(len(rec.outs))]
+            bs = union([_unknown_choice(rec, get, f) for f in fmts])
         else:
             kernel = _declared(kernels, rec) if rec.name in _MATMULS else None
             try:
@@ -604,19 +542,18 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
                        else f": {detail}")) from None
             if kernel is not None:
                 declared.append((op, kernel.describe()))
-            bs = [bd._mk(np.minimum.reduce([p[j].lo for p in per]),
-                        np.maximum.reduce([p[j].hi for p in per])) for j in range(len(rec.outs))]
+            bs = union(per)
         for j, (b, o) in enumerate(zip(bs, rec.outs, strict=True)):
             if tuple(b.shape) != tuple(o.shape):
                 raise RuntimeError(f"internal: the rule for {rec.name} gave shape {b.shape}, the "
                                    f"operation {tuple(o.shape)}")
+            if (rec.index, j) in anchor:
+                o64, a64 = bd._np(o), bd._np(anchor[(rec.index, j)])
             if (rec.index, j) in last:
-                held[(rec.index, j)] = (_hull(bd._np(o), bd._np(anchor[(rec.index, j)]))
-                                        if (rec.index, j) in anchor else b)
+                held[(rec.index, j)] = hull(o64, a64) if (rec.index, j) in anchor else b
             if (rec.index, j) in anchor:
                 label = op + (f"[{j}]" if len(rec.outs) > 1 else "")
-                c = _check(rec.index, label, b, bd._np(anchor[(rec.index, j)]), bd._np(o),
-                           rec.name in R.EXACT)
+                c = check(rec.index, label, b, a64, o64, rec.name in R.EXACT)
                 checks.append(c)
                 if c.verdict == "Type-II" and not suspects and not any(
                         x.verdict == "Type-II" for x in checks[:-1]):

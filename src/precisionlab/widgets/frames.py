@@ -215,6 +215,13 @@ class Interactive:
         self._frames = {"frames": frames, "figures": figures, "alts": alts, "panels": panels}
         return self._frames
 
+    def panel_texts(self) -> dict[tuple, str]:
+        """Each grid point's text panel as plain text (what the page shows), keyed by its control values."""
+        fr = self.frames()
+        keys = itertools.product(*self.grid.values())
+        return {k: html.unescape(re.sub(r"<[^>]+>", "", fr["panels"][p]))
+                for k, (_, p) in zip(keys, fr["frames"], strict=True)}
+
     @property
     def element_id(self) -> str:
         """The control's HTML id: stable while view, grid and defaults stay the same."""

@@ -143,6 +143,15 @@ def test_every_order_refuses_long_vectors():
         iv.every_order(np.full(3, 0.1), np.ones(3))  # 0.1 is no float16 value
 
 
+@pytest.mark.parametrize(("na", "nb"), [(3, 2), (2, 3), (1, 4)])
+def test_every_order_refuses_vectors_of_two_lengths(na, nb):
+    # a longer a ran past b's end (IndexError); a shorter a silently dropped b's tail.
+    with pytest.raises(ValueError, match=f"a of length {na} and b of length {nb}"):
+        iv.every_order(np.ones(na), np.ones(nb))
+    with pytest.raises(ValueError, match=rf"a and b .* one length; got \({na},\) and \({nb},\)"):
+        iv.orders_outside(np.ones(na), np.ones(nb))
+
+
 # --------------------------------------------------------------------------- labels, table, extra case
 
 

@@ -31,9 +31,9 @@ from precisionlab.underflow import AttenuatingNet, make_batch, probe_network
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _gradscaler_scales(flags, **kw) -> list[float]:
-    """GradScaler's scale before each step and after the last, fed these inf/NaN flags."""
-    scaler = torch.amp.GradScaler("cpu", **kw)
+def _gradscaler_scales(flags, scaler=None, **kw) -> list[float]:
+    """GradScaler's (or scaler's) scale before each step and after the last, fed these flags."""
+    scaler = torch.amp.GradScaler("cpu", **kw) if scaler is None else scaler
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.0)
     out = [scaler.get_scale()]
@@ -59,11 +59,12 @@ def test_scaler_in_front_follows_gradscaler_and_stops_at_the_first_good_step(dep
         assert not h.skipped[-1]  # ... and it stopped at the first good one
     # The scales follow GradScaler's rule for the same flags (default factors).
     assert h.scale.tolist() == _gradscaler_scales(h.skipped)[:-1]
-    # Each flag is what a fresh probe at the recorded scale says (not the next scale's).
+    # Each flag is what a fresh probe at the recorded scale says (not the next scale's), and
+    # like GradScaler's it looks at the gradients only; a non-finite loss makes them non-finite.
     for s, bad in zip(h.scale, h.skipped, strict=True):
         p = probe_network(1.6, "float16", depth, 16, 4, seed=1, loss_scale=s)
-        finite = np.isfinite(p.loss) and p.weight.finite.all() and p.signal.finite.all()
-        assert bad == (not finite)
+        assert bad == (not (p.weight.finite.all() and p.signal.finite.all()))
+        assert np.isfinite(p.loss) or bad
     assert run.probe.loss_scale == h.scale[-1]
 
 
@@ -128,6 +129,26 @@ def test_scale_actions_against_gradscaler():
     assert any(a.startswith("step; grow") for a in actions)
 
 
+def test_scale_actions_of_a_static_scale_never_say_shrink():
+    # A static scaler skips a step with inf/NaN gradients and keeps S: nothing shrinks.
+    flags = np.array([False, True, True, False, True, False])
+    scales = _gradscaler_scales(flags, scaling.StaticLossScaler(2.0**16))[:-1]
+    actions = scale_actions(ScaleHistory(np.array(scales), flags))
+    assert scales == [2.0**16] * flags.size
+    assert actions == ["step", "skip", "skip", "step", "skip", "step"]
+
+
+def test_scale_actions_say_shrink_only_where_gradscaler_shrinks():
+    # GradScaler's scale stops halving at float32's smallest value: a skip that keeps S.
+    flags = np.ones(160, dtype=bool)
+    scales = _gradscaler_scales(flags, init_scale=1.0)
+    actions = scale_actions(ScaleHistory(np.array(scales[:-1]), flags))
+    for k, act in enumerate(actions[:-1]):
+        shrank = scales[k + 1] < scales[k]
+        assert act == (f"skip; shrink to {scales[k + 1]:g}" if shrank else "skip")
+    assert "skip" in actions[:-1] and any("shrink" in a for a in actions)
+
+
 # --------------------------------------------------------------------------- grads_identical
 
 
@@ -154,6 +175,26 @@ def test_grads_identical_against_numpy_nan_aware_equality():
     want = [np.array_equal(a[0].numpy(), b[0].numpy(), equal_nan=True)
             for a, b in zip(steps_a, steps_b, strict=True)]
     assert got == want and True in got and False in got
+    # ... which for these arrays (one NaN bit pattern, no -0.0) is byte equality.
+    assert got == [a[0].numpy().tobytes() == b[0].numpy().tobytes()
+                   for a, b in zip(steps_a, steps_b, strict=True)]
+
+
+def _bits32(*patterns) -> torch.Tensor:
+    """float32 tensor holding these IEEE bit patterns (int32 view of the buffer)."""
+    return torch.from_numpy(np.array(patterns, dtype=np.uint32).view(np.float32).copy())
+
+
+def test_grads_identical_compares_bit_patterns():
+    plus_zero, minus_zero = _bits32(0x3F800000, 0x00000000), _bits32(0x3F800000, 0x80000000)
+    quiet, payload = _bits32(0x7FC00000), _bits32(0x7FC00001)  # two NaNs
+    assert plus_zero.tolist() == minus_zero.tolist()  # equal values ...
+    assert np.isnan(quiet.numpy()).all() and np.isnan(payload.numpy()).all()
+    # ... but other bits: neither -0.0 for 0.0 nor another NaN payload is identical.
+    got = grads_identical(_log([[plus_zero], [quiet], [quiet], [plus_zero]]),
+                          _log([[minus_zero], [payload], [quiet.clone()], [plus_zero.double()]]))
+    assert got == [False, False, True, False]  # the last: same values, another dtype
+    assert grads_identical(_log([[torch.zeros(2, 3)]]), _log([[torch.zeros(3, 2)]])) == [False]
 
 
 def test_grads_identical_needs_the_gradients():
@@ -213,6 +254,28 @@ def test_train_amp_names_bad_arguments(task):
         train_amp(factory, x, y, DynamicLossScaler(), 1, accum=0)
     with pytest.raises(ValueError, match="max_norm"):
         train_amp(factory, x, y, DynamicLossScaler(), 1, max_norm=0.0)
+
+
+@pytest.mark.parametrize("accum", [3, 5, 7, 48, 65])
+def test_train_amp_refuses_unequal_micro_batches(task, accum):
+    factory, x, y = task
+    assert len(x) == 64 and len(x) % accum  # chunk(accum) would give unequal pieces
+    assert {len(c) for c in x.chunk(accum)} != {len(x) // accum}
+    divisors = ", ".join(str(d) for d in range(1, 65) if 64 % d == 0)
+    with pytest.raises(ValueError, match=f"accum.*{accum}.*valid choices: {divisors}$"):
+        train_amp(factory, x, y, DynamicLossScaler(), 1, accum=accum)
+
+
+def test_train_amp_refuses_to_resume_before_the_checkpoint(task):
+    factory, x, y = task
+    first = torch.amp.GradScaler("cpu", init_scale=2.0**20)
+    _, _, ckpt = train_amp(factory, x, y, first, 12)
+    fresh = torch.amp.GradScaler("cpu")
+    with pytest.raises(ValueError, match="steps must be >= 12; got steps=8"):
+        train_amp(factory, x, y, fresh, 8, ckpt)
+    assert fresh.state_dict() == torch.amp.GradScaler("cpu").state_dict()  # left as it was
+    with pytest.raises(ValueError, match="steps"):
+        train_amp(factory, x, y, torch.amp.GradScaler("cpu"), -1)
 
 
 def test_chapter_5_shows_the_loop_that_runs():

@@ -41,7 +41,7 @@ class ScalerProbe(NamedTuple):
 def scaler_in_front(depth: int, steps: int, attenuation: float = 1.2, fmt="float16",
                     width: int = 64, batch: int = 16, *, seed: int = 0,
                     init_scale: float = 2.0**16) -> ScalerProbe:
-    """S_0 = init_scale; while the loss or a gradient is inf/NaN: skip, (S, t) <- update_scale."""
+    """S_0 = init_scale; while a gradient (dL/dW, dL/dh) is inf/NaN: skip, S <- update_scale."""
     if int(steps) != steps or steps < 1:
         raise ValueError(f"steps must be a positive integer; got steps={steps!r}")
     s = check_positive(init_scale, "init_scale")
@@ -50,7 +50,9 @@ def scaler_in_front(depth: int, steps: int, attenuation: float = 1.2, fmt="float
     tracker, scales, skipped, losses = 0, [], [], []
     for _ in range(int(steps)):  # a skipped step leaves the weights as they were
         p = probe_gradients(net, x, t, loss_scale=s)
-        bad = not (np.isfinite(p.loss) and p.weight.finite.all() and p.signal.finite.all())
+        # GradScaler looks at the gradients only (dL/dh holds the bias gradient's terms); a
+        # non-finite loss makes them non-finite too.
+        bad = not (p.weight.finite.all() and p.signal.finite.all())
         scales.append(s)
         skipped.append(bad)
         losses.append(p.loss)
@@ -67,13 +69,14 @@ def scaler_in_front(depth: int, steps: int, attenuation: float = 1.2, fmt="float
 
 
 def scale_actions(history: ScaleHistory) -> list[str]:
-    """Per step k: 'skip; shrink to S_{k+1}', 'step; grow to S_{k+1}' (S_{k+1} > S_k) or 'step'."""
+    """Step k: 'skip' or 'step', plus '; shrink to S_{k+1}' if S_{k+1} < S_k, '; grow to' if >."""
     scale, skipped = np.asarray(history.scale), np.asarray(history.skipped, dtype=bool)
     actions = []
     for k in range(scale.size):
         after = f"{scale[k + 1]:g}" if k + 1 < scale.size else None
-        if skipped[k]:
-            actions.append("skip" if after is None else f"skip; shrink to {after}")
+        if skipped[k]:  # a static scaler skips without shrinking
+            shrinks = after is not None and scale[k + 1] < scale[k]
+            actions.append(f"skip; shrink to {after}" if shrinks else "skip")
         elif after is not None and scale[k + 1] > scale[k]:
             actions.append(f"step; grow to {after}")
         else:
@@ -81,18 +84,20 @@ def scale_actions(history: ScaleHistory) -> list[str]:
     return actions
 
 
-def _same(u: torch.Tensor, v: torch.Tensor) -> bool:
-    """Equal values and NaNs in the same places (NaN != NaN, so NaNs are compared by position)."""
-    return bool(torch.equal(u.isnan(), v.isnan())
-                and torch.equal(u.nan_to_num(nan=7.0), v.nan_to_num(nan=7.0)))
+def _same_bits(u: torch.Tensor, v: torch.Tensor) -> bool:
+    """Same dtype, shape and bit pattern (-0.0 is not 0.0; NaNs must share sign and payload)."""
+    if u.dtype != v.dtype or u.shape != v.shape:
+        return False
+    return bool(torch.equal(u.detach().contiguous().reshape(-1).view(torch.uint8),
+                            v.detach().contiguous().reshape(-1).view(torch.uint8)))
 
 
 def grads_identical(a: TrainLog, b: TrainLog) -> list[bool]:
-    """Per step: whether both runs kept equal gradients, NaNs by position (needs keep_grads)."""
+    """Per step: bit-identical gradients in both runs, same dtype and shape (needs keep_grads)."""
     if len(a.grads) != len(b.grads) or not a.grads:
         raise ValueError(f"both logs need the gradients of every step (keep_grads=True); got "
                          f"{len(a.grads)} and {len(b.grads)} steps")
-    return [len(ga) == len(gb) and all(_same(u, v) for u, v in zip(ga, gb, strict=True))
+    return [len(ga) == len(gb) and all(_same_bits(u, v) for u, v in zip(ga, gb, strict=True))
             for ga, gb in zip(a.grads, b.grads, strict=True)]
 
 
@@ -116,11 +121,16 @@ def train_amp(factory: Callable[[], torch.nn.Module], x: torch.Tensor, y: torch.
 
     The scheduler steps only when the optimizer did (a skipped step makes no update). With a
     `checkpoint` (what an earlier call returned) the run resumes from its model, optimizer,
-    scheduler, scaler and step. Returns the per-step log, the model and a checkpoint taken
-    after the last step.
+    scheduler, scaler and step; `steps` counts from the start of the run. `accum` must divide
+    len(x), so that the micro-batches are equal and loss/accum sums to the batch mean. Returns
+    the per-step log, the model and a checkpoint taken after the last step.
     """
-    if int(accum) != accum or accum < 1:
-        raise ValueError(f"accum must be a positive integer; got accum={accum!r}")
+    if int(steps) != steps or steps < 0:
+        raise ValueError(f"steps must be a non-negative integer; got steps={steps!r}")
+    if int(accum) != accum or accum < 1 or len(x) % accum:
+        divisors = [d for d in range(1, len(x) + 1) if len(x) % d == 0]
+        raise ValueError(f"accum must divide the batch of {len(x)} into equal micro-batches; got "
+                         f"accum={accum!r}; valid choices: {', '.join(map(str, divisors))}")
     check_positive(max_norm, "max_norm")
     model = factory()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
@@ -129,11 +139,15 @@ def train_amp(factory: Callable[[], torch.nn.Module], x: torch.Tensor, y: torch.
     if checkpoint is not None:
         checkpoint.seek(0)
         state = torch.load(checkpoint, weights_only=True)
+        first = state["step"]
+        if steps < first:  # checked before the scaler passed in takes the checkpoint's state
+            raise ValueError(f"steps counts from the start of the run and the checkpoint was "
+                             f"taken after step {first}: steps must be >= {first}; got "
+                             f"steps={steps!r}")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         sched.load_state_dict(state["sched"])
         scaler.load_state_dict(state["scaler"])
-        first = state["step"]
     log = []
     for step in range(first, int(steps)):
         opt.zero_grad(set_to_none=True)

@@ -55,6 +55,9 @@ def dot_by_hand(a, b, fmt="float16") -> list[DotStep]:
 def every_order(a, b, fmt="float16") -> dict[tuple[int, ...], float]:
     """{order p: fl(... fl(fl(a_p0 b_p0) + a_p1 b_p1) ... )} for each of the n! orders (n <= 8)."""
     a, b = as_float64(a).ravel(), as_float64(b).ravel()
+    if a.size != b.size:
+        raise ValueError(f"a and b must have one length; got a of length {a.size} and b of "
+                         f"length {b.size}")
     if a.size > _MAX_ORDER_TERMS:
         raise ValueError(f"every_order tries all n! orders: a and b must have at most "
                          f"{_MAX_ORDER_TERMS} entries; got {a.size}")

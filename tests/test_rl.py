@@ -715,7 +715,7 @@ def test_beta_by_band_against_the_oracle():
 def test_runs_survive_save_and_load(tmp_path):
     cfg = rl.PolicyConfig(n_prompts=2, max_len=5, vocab=16, width=8, hidden=8, depth=1)
     runs = {"a": rl.RunConfig(steps=2), "b": rl.RunConfig(steps=2, trainer="bf16", lr=1e-3)}
-    logs = rl.train_seeds(cfg, runs, [0, 1], progress=False)
+    logs = rl.train_seeds(cfg, runs, [0, 1], progress=False, gradients=(1,))
     rl.save_runs(tmp_path / "runs.json", logs, {"command": "test"})
     meta, back = rl.load_runs(tmp_path / "runs.json")
     assert meta["command"] == "test" and meta["seeds"] == [0, 1]
@@ -724,6 +724,9 @@ def test_runs_survive_save_and_load(tmp_path):
             assert back[seed][name].config == run
             for k, v in logs[seed][name].arrays().items():
                 np.testing.assert_array_equal(back[seed][name].arrays()[k], v)  # bit for bit
+            # gradient reports (seed 0 only): the same floats, steps as ints
+            np.testing.assert_equal(back[seed][name].gradients, logs[seed][name].gradients)
+    assert set(back[0]["a"].gradients) == {1} and back[1]["a"].gradients == {}
 
 
 def test_comparison_table_rows_and_errors():
@@ -818,6 +821,51 @@ def test_stored_source_regime_matches_its_script_and_replays_exactly():
                        progress=False)
         for k, v in log.arrays().items():
             np.testing.assert_array_equal(v, stored[k][:steps], err_msg=f"{name}: {k}")
+
+
+def test_provenance_names_the_command_and_the_versions():
+    import platform
+
+    import numba
+
+    from precisionlab import __version__
+
+    got = rl.provenance(["scripts/make_it.py", "--steps", "3"])
+    assert got == {"command": "python3 scripts/make_it.py --steps 3",
+                   "precisionlab_version": __version__, "torch_version": torch.__version__,
+                   "numpy_version": np.__version__, "numba_version": numba.__version__,
+                   "python_version": platform.python_version()}
+    assert rl.provenance()["command"].startswith("python3 ")  # sys.argv by default
+
+
+_CH6 = _DATA.parent / "ch6_seeds.json"
+
+
+def test_stored_chapter_seeds_match_their_script_and_replay_exactly():
+    # Chapter 6 loads its seeds 1 and 2 instead of training them: they must be what the
+    # script's configuration gives with today's package, bit for bit, gradient reports and
+    # per-step mu_W included.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "ch6_seeds", _DATA.parents[1] / "scripts" / "ch6_seeds.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    meta, logs = rl.load_runs(_CH6)
+    assert meta["command"].startswith("python3 scripts/ch6_seeds.py")
+    assert meta["precisionlab_version"] and meta["torch_version"]
+    assert meta["seeds"] == list(script.SEEDS) and rl.PolicyConfig(**meta["policy"]) == script.POLICY
+    seed = meta["seeds"][0]
+    assert {k: v.config for k, v in logs[seed].items()} == script.runs()
+    steps = 4
+    replay = script.train_seed(seed, {k: script.runs()[k] for k in script.RECORDED}, steps)
+    for name in script.RECORDED:
+        stored = logs[seed][name]
+        assert set(stored.gradients) == set(script.GRADIENT_STEPS)
+        for k, v in replay[name].arrays().items():
+            np.testing.assert_array_equal(v, stored.arrays()[k][:steps], err_msg=f"{name}: {k}")
+        np.testing.assert_equal(replay[name].gradients[3], stored.gradients[3])  # nan == nan
+        assert rl.weight_means(replay[name]) == meta["weight_means"][f"{seed}.{name}"][:steps]
 
 
 def test_steps_to_uses_a_moving_average():

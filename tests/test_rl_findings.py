@@ -269,3 +269,54 @@ def test_ratio_one_trains_the_same_at_any_clip_range():
             np.testing.assert_array_equal(logs[f"one {eps}"].arrays()[k], v, err_msg=k)
     # the control: with the trainer's own ratio the clip range matters
     assert not np.array_equal(logs["actual 0.05"].clip, logs["actual 10.0"].clip)
+
+
+def test_weight_means_lists_every_recorded_step_in_order():
+    rng = np.random.default_rng(2)
+    snaps = {k: {"alpha": rng.normal(0, 0.05, 50), "beta": rng.normal(0, 0.2, 50),
+                 "adv": rng.choice([-1.0, 0.5, 2.0], 50)} for k in (7, 0, 3)}
+    log = dataclasses.replace(_log(), snapshots=snaps)
+    got = rl.weight_means(log, 0.1, 0.3)
+    for k, value in zip((0, 3, 7), got, strict=True):  # step order, not insertion order
+        s = snaps[k]
+        r = np.exp(s["alpha"] + s["beta"])
+        want = np.mean(np.minimum(r * s["adv"], np.clip(r, 0.9, 1.3) * s["adv"]))
+        assert value == pytest.approx(want, rel=1e-12)
+    assert rl.weight_means(_log()) == []
+
+
+def test_steps_to_target_reads_every_seed_in_order():
+    by_seed = {2: {"a": _log(reward=_converging(20))}, 0: {"a": _log(reward=_converging(8))},
+               1: {"a": _log(reward=_converging(None))}}
+    assert rl.steps_to_target(by_seed, "a") == [8, None, 20]
+    assert rl.steps_to_target(by_seed, "a", target=-20.0) == [4, 4, 4]  # -10 >= -20 at once
+
+
+def test_evidence_from_runs_is_the_hand_built_evidence():
+    ev = _evidence()
+    names = {"matched": "m", "mismatched": "mm", "lr10": "lr10", "bf16_weights": "bw",
+             "bf16_weights_lr10": "bw10", "fix_baseline": "mm", "eps10": "e10",
+             "shadow": "sh"}
+    made = {"lr10": 5, "bw": None, "bw10": 9, "e10": 20}
+    by_seed = {}
+    for s in (0, 1, 2):
+        runs = {"m": ev.matched[s], "mm": ev.mismatched[s],
+                "sh": _log(reward=_converging(21 + s))}
+        runs.update({k: _log(reward=_converging(at)) for k, at in made.items()})
+        report = {"cos_ratio_score": -0.3, "cos_clean_actual": 0.99, "cos_reinforce": 0.5}
+        runs["mm"] = dataclasses.replace(runs["mm"], gradients={3: report} if s else {})
+        by_seed[s] = runs
+    got = rl.evidence_from_runs(by_seed, names, rare=(0.5, 0.1))
+    want_converge = dict(ev.converge, fix_baseline=[12, 12, 12])  # the mismatched run
+    assert got.converge == want_converge
+    assert got.matched == ev.matched and got.rare == (0.5, 0.1)
+    assert list(got.gradients) == [1, 2] and got.matched_gradients == {}
+    hand = dataclasses.replace(ev, converge=want_converge, rare=(0.5, 0.1),
+                               mismatched={s: by_seed[s]["mm"] for s in (0, 1, 2)},
+                               gradients={s: by_seed[s]["mm"].gradients for s in (1, 2)})
+    assert rl.source_findings(got) == rl.source_findings(hand)
+    given = rl.evidence_from_runs(by_seed, names, gradients={0: {}})
+    assert given.gradients == {0: {}} and given.matched_gradients == {}
+    with pytest.raises(ValueError, match="names must name a run for eps10, shadow"):
+        rl.evidence_from_runs(by_seed, {k: v for k, v in names.items()
+                                        if k not in ("eps10", "shadow")})

@@ -25,9 +25,15 @@ Files, one concept each (lowest first):
 * `gradients`: the four-pass gradient decomposition and `gradient_report`;
 * `beta`: where beta comes from (`beta_table`, `beta_by_band`, `beta_by_offset`, ...);
 * `trainer`: `train`, `train_many`, `train_seeds` (generate, sync, score, update);
-* `stored`: `save_runs`, `load_runs`, `find_stored` for runs too long for a chapter;
+* `gathered`: `gathered_log_softmax`, the trainer's log-probability of the sampled token,
+  compiled (the same bits as emulate.log_softmax and a gather);
+* `serving`: `ServingEngine`, an engine whose serving kernel differs from the shadow forward;
+* `stored`: `save_runs`, `load_runs`, `find_stored`, `provenance` for runs too long for a
+  chapter;
+* `stall`: `stall_summary`, `stall_table`: does the mismatched run stall, lag or keep level;
 * `source`: the source study's figures (`SOURCE`), `reproduces`, `comparison_table`;
-* `findings`: `source_findings`, `Evidence`, `tally` and the verdict rules.
+* `findings`: `source_findings`, `Evidence` (and `evidence_from_runs`), `tally` and the
+  verdict rules.
 
 Randomness: `Policy` and the trainers take a `seed`; `Engine.generate` and `sample_tokens`
 continue the stream of a `torch.Generator`.
@@ -35,8 +41,21 @@ continue the stream of a `torch.Generator`.
 
 from .beta import beta_by_band, beta_by_offset, beta_table, logit_rounding_beta
 from .engine import Engine, Rollout, sample_tokens, sequence_logprobs, vocabulary_logprobs
-from .findings import VERDICTS, Evidence, grows, normal_outside, source_findings, tally, weight_mean
+from .findings import (
+    CONVERGE_KEYS,
+    VERDICTS,
+    Evidence,
+    evidence_from_runs,
+    grows,
+    normal_outside,
+    source_findings,
+    steps_to_target,
+    tally,
+    weight_mean,
+    weight_means,
+)
 from .forward import policy_logprobs
+from .gathered import gathered_log_softmax
 from .gradients import GradientDecomposition, four_pass_gradients, gradient_report, policy_gradient
 from .grpo import (
     CLIP_CLASSES,
@@ -51,20 +70,36 @@ from .grpo import (
 )
 from .policy import BACKENDS, EOS, MASTER_PRECISIONS, PRECISIONS, Policy, PolicyConfig
 from .runs import STEP_FIELDS, RunConfig, RunLog, with_changes
+from .serving import KERNELS, ORDERS, ServingEngine, make_engine, permuted_weights
 from .source import COMPARISON_HEADERS, SOURCE, SourceFigure, comparison_table, reproduces
+from .stall import (
+    STALL_HEADERS,
+    STALL_VERDICTS,
+    StallSeed,
+    StallSummary,
+    source_stall_row,
+    stall_summary,
+    stall_table,
+    target_reward,
+)
 from .stats import fcorr, fmean, fstd
-from .stored import find_stored, load_runs, save_runs
+from .stored import find_stored, load_runs, provenance, save_runs
 from .trainer import train, train_many, train_seeds
 
 __all__ = [
     "BACKENDS",
     "CLIP_CLASSES",
     "COMPARISON_HEADERS",
+    "CONVERGE_KEYS",
     "EOS",
+    "KERNELS",
     "MASTER_PRECISIONS",
+    "ORDERS",
     "PRECISIONS",
     "RATIO_MODES",
     "SOURCE",
+    "STALL_HEADERS",
+    "STALL_VERDICTS",
     "STEP_FIELDS",
     "VERDICTS",
     "WEIGHT_MODES",
@@ -76,39 +111,53 @@ __all__ = [
     "Rollout",
     "RunConfig",
     "RunLog",
+    "ServingEngine",
     "SourceFigure",
+    "StallSeed",
+    "StallSummary",
     "beta_by_band",
     "beta_by_offset",
     "beta_table",
     "classify_clipping",
     "clipped",
     "comparison_table",
+    "evidence_from_runs",
     "fcorr",
     "find_stored",
     "fmean",
     "four_pass_gradients",
     "fstd",
+    "gathered_log_softmax",
     "gradient_report",
     "group_advantages",
     "grows",
     "load_runs",
     "log_ratio_split",
     "logit_rounding_beta",
+    "make_engine",
     "normal_outside",
+    "permuted_weights",
     "policy_gradient",
     "policy_logprobs",
+    "provenance",
     "reproduces",
     "sample_tokens",
     "save_runs",
     "sequence_logprobs",
     "source_findings",
+    "source_stall_row",
+    "stall_summary",
+    "stall_table",
+    "steps_to_target",
     "surrogate_loss",
     "tally",
+    "target_reward",
     "token_weights",
     "train",
     "train_many",
     "train_seeds",
     "vocabulary_logprobs",
     "weight_mean",
+    "weight_means",
     "with_changes",
 ]

@@ -12,6 +12,7 @@ from ..checks import check_choice
 from ..emulate import kernels as K
 from ..rounding import round_to
 from .forward import fused_logprobs, kernel_weights, policy_logprobs, rounded_params
+from .gathered import gathered_log_softmax
 from .policy import BACKENDS, EOS, PRECISIONS, Policy
 
 __all__ = ["Engine", "Rollout", "sample_tokens", "sequence_logprobs", "vocabulary_logprobs"]
@@ -95,6 +96,10 @@ class Engine:
         return fused_logprobs(self.model, prompt, prev, pos, self.precision,
                               self.kernel_weights())
 
+    def sampling_logprobs(self, prompt, prev, pos) -> torch.Tensor:
+        """log pi(. | rows) that `generate` samples with and records: `logprobs` (a serving kernel may differ)."""
+        return self.logprobs(prompt, prev, pos)
+
     def sync(self, policy: Policy) -> float:
         """Load fl(W) into the engine; return the fraction of weights whose stored value changed."""
         new = rounded_params(policy, self.precision)
@@ -118,7 +123,8 @@ class Engine:
         prev = torch.full((b,), self.model.bos, dtype=torch.long)
         rows = torch.arange(b)  # the unfinished completions
         for t in range(t_max):
-            logp = self.logprobs(prompt[rows], prev[rows], torch.full((rows.numel(),), t))
+            logp = self.sampling_logprobs(prompt[rows], prev[rows],
+                                          torch.full((rows.numel(),), t))
             tok = sample_tokens(logp, generator)
             tokens[rows, t] = tok
             old_logp[rows, t] = logp.gather(1, tok[:, None]).squeeze(1)
@@ -135,8 +141,11 @@ def sequence_logprobs(policy: Policy, rollout: Rollout, precision: str,
     """log pi(a_t | s_t) of the rollout's tokens under `policy` in `precision`; (B, T), 0 off the mask."""
     # The policy is Markov in (prompt, previous token, position), so only completion tokens
     # need a forward: padding rows are never computed.
-    logp = policy_logprobs(policy, *rollout.token_inputs(policy.bos), precision, backend)
-    return rollout.scatter(logp.gather(-1, rollout.tokens[rollout.mask][:, None]).squeeze(-1))
+    rows, tok = rollout.token_inputs(policy.bos), rollout.tokens[rollout.mask]
+    if backend == "emulated" and torch.is_grad_enabled():  # the same bits, compiled
+        return rollout.scatter(gathered_log_softmax(policy(*rows, precision), tok))
+    logp = policy_logprobs(policy, *rows, precision, backend)
+    return rollout.scatter(logp.gather(-1, tok[:, None]).squeeze(-1))
 
 
 @torch.no_grad()

@@ -16,8 +16,9 @@ from .runs import RunLog
 from .source import SOURCE, reproduces
 from .stats import fmean, fstd
 
-__all__ = ["VERDICTS", "Evidence", "grows", "normal_outside", "source_findings", "tally",
-           "weight_mean"]
+__all__ = ["CONVERGE_KEYS", "VERDICTS", "Evidence", "evidence_from_runs", "grows",
+           "normal_outside", "source_findings", "steps_to_target", "tally", "weight_mean",
+           "weight_means"]
 
 VERDICTS: tuple[str, ...] = ("yes", "partly", "mixed", "no", "set", "untestable")
 
@@ -49,6 +50,17 @@ def weight_mean(snapshot: Mapping[str, np.ndarray], eps_low: float = 0.2,
     return fmean(token_weights(E.exp64(alpha + beta), adv, eps_low, eps_high))
 
 
+def weight_means(log: RunLog, eps_low: float = 0.2, eps_high: float = 0.2) -> list[float]:
+    """mu_W of every recorded step of a run (`weight_mean` of each snapshot), in step order."""
+    return [weight_mean(log.snapshots[k], eps_low, eps_high) for k in sorted(log.snapshots)]
+
+
+def steps_to_target(by_seed: Mapping[int, Mapping[str, RunLog]], name: str,
+                    target: float = -2.0) -> list[int | None]:
+    """RunLog.steps_to(target) of run `name` on every seed, in seed order (None: never)."""
+    return [by_seed[s][name].steps_to(target) for s in sorted(by_seed)]
+
+
 @dataclass
 class Evidence:
     """One configuration's measurements for `source_findings`, per seed (dicts keyed by seed)."""
@@ -72,6 +84,29 @@ class Evidence:
     rare: tuple[float, float] | None = None
     mu_w: Mapping[int, tuple[float, float]] = field(default_factory=dict)
     calibrated: frozenset = frozenset()
+
+
+CONVERGE_KEYS: tuple[str, ...] = ("lr10", "bf16_weights", "bf16_weights_lr10", "fix_baseline",
+                                  "eps10", "shadow")
+
+
+def evidence_from_runs(by_seed: Mapping[int, Mapping[str, RunLog]], names: Mapping[str, str],
+                       gradients: Mapping[int, Mapping] | None = None, **fields) -> Evidence:
+    """Evidence from runs by seed (seed -> run name -> RunLog); `names` maps matched, mismatched and each CONVERGE_KEYS entry to a run name."""
+    # gradients: by default the mismatched runs' own reports (seeds that have any), and the
+    # matched runs' reports as matched_gradients; fields: the other Evidence fields.
+    missing = [k for k in ("matched", "mismatched", *CONVERGE_KEYS) if k not in names]
+    if missing:
+        raise ValueError(f"names must name a run for {', '.join(missing)}; got {dict(names)!r}")
+    seeds = sorted(by_seed)
+    m, mm = ({s: by_seed[s][names[k]] for s in seeds} for k in ("matched", "mismatched"))
+    if gradients is None:
+        gradients = {s: mm[s].gradients for s in seeds if mm[s].gradients}
+        fields.setdefault("matched_gradients",
+                          {s: m[s].gradients for s in seeds if m[s].gradients})
+    return Evidence(matched=m, mismatched=mm, gradients=gradients,
+                    converge={k: steps_to_target(by_seed, names[k]) for k in CONVERGE_KEYS},
+                    **fields)
 
 
 def _both(verdicts: Sequence[str]) -> str:

@@ -92,13 +92,19 @@ def kernel_weights(policy: Policy, precision: str, rounded_already: bool = False
 def fused_logprobs(policy: Policy, prompt, prev, pos, precision: str,
                    weights: tuple | None = None) -> torch.Tensor:
     """log pi(. | rows) (N, V) in float32 from forward_kernel: the emulated forward without autograd."""
+    # The policy is Markov in (prompt, prev, pos), and each row's arithmetic is independent of
+    # the others: repeated states (every completion of a prompt at position 0, every
+    # immediate EOS) are computed once and copied, bit for bit the same.
     p, emin, vmax = K.format_params(precision)
-    out = np.empty((prompt.numel(), policy.cfg.vocab), np.float32)
-    if prompt.numel():
-        forward_kernel(
-            *(np.ascontiguousarray(i.numpy(), dtype=np.int64) for i in (prompt, prev, pos)),
-            *(weights or kernel_weights(policy, precision)), p, emin, vmax, out)
-    return torch.from_numpy(out)
+    rows = [np.asarray(i.numpy(), dtype=np.int64) for i in (prompt, prev, pos)]
+    cfg = policy.cfg
+    key = (rows[0] * (cfg.vocab + 1) + rows[1]) * cfg.max_len + rows[2]  # one id per state
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    out = np.empty((first.size, cfg.vocab), np.float32)
+    if first.size:
+        forward_kernel(*(np.ascontiguousarray(r[first]) for r in rows),
+                       *(weights or kernel_weights(policy, precision)), p, emin, vmax, out)
+    return torch.from_numpy(out[inverse.reshape(-1)])
 
 
 def policy_logprobs(policy: Policy, prompt, prev, pos, precision: str = "fp32",

@@ -9,6 +9,7 @@ import numpy as np
 from ..checks import check_choice, check_positive
 from .grpo import RATIO_MODES, WEIGHT_MODES
 from .policy import BACKENDS, MASTER_PRECISIONS, PRECISIONS, Policy
+from .serving import KERNELS
 from .stats import fmean
 
 __all__ = ["STEP_FIELDS", "RunConfig", "RunLog", "with_changes"]
@@ -30,6 +31,7 @@ class RunConfig:
     weight_mode: str = "ppo"
     staleness: int = 1  # optimizer steps between the engine's weights and the trainer's
     backend: str = "emulated"  # "native": torch's own kernels for the forwards and Adam
+    kernel: str = "shadow"  # "serving": the engine samples with a serving kernel (rl.serving)
 
     def __post_init__(self):
         check_choice(self.trainer, "trainer precision", PRECISIONS)
@@ -38,6 +40,10 @@ class RunConfig:
         check_choice(self.ratio_mode, "ratio_mode", RATIO_MODES)
         check_choice(self.weight_mode, "weight_mode", WEIGHT_MODES)
         check_choice(self.backend, "backend", BACKENDS)
+        check_choice(self.kernel, "kernel", KERNELS)
+        if self.kernel != "shadow" and self.backend != "emulated":
+            raise ValueError(f"kernel={self.kernel!r} needs backend='emulated'; got "
+                             f"backend={self.backend!r}")
         check_positive(self.lr, "lr")
         check_positive(self.eps_low, "eps_low")
         check_positive(self.eps_high, "eps_high")
@@ -60,6 +66,8 @@ class RunConfig:
             parts.append(f"eps {self.eps_low:g}/{self.eps_high:g}")
         if self.backend != "emulated":
             parts.append(f"{self.backend} kernels")
+        if self.kernel != "shadow":
+            parts.append(f"{self.kernel} kernel")
         return ", ".join(parts)
 
 

@@ -3,23 +3,37 @@
 from __future__ import annotations
 
 import json
+import platform
+import sys
 import tempfile
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
+import numba
 import numpy as np
+import torch
 
+from .. import __version__
 from .runs import STEP_FIELDS, RunConfig, RunLog
 
-__all__ = ["find_stored", "load_runs", "save_runs"]
+__all__ = ["find_stored", "load_runs", "provenance", "save_runs"]
+
+
+def provenance(argv: Sequence[str] | None = None) -> dict[str, str]:
+    """A stored file's origin: the command (python3 and argv, default sys.argv) and the versions it ran with."""
+    argv = sys.argv if argv is None else argv
+    return {"command": "python3 " + " ".join([Path(argv[0]).as_posix(), *argv[1:]]),
+            "precisionlab_version": __version__, "torch_version": torch.__version__,
+            "numpy_version": np.__version__, "numba_version": numba.__version__,
+            "python_version": platform.python_version()}
 
 
 def save_runs(path, logs: Mapping[int, Mapping[str, RunLog]], meta: Mapping) -> None:
-    """Write runs to `path` (.json: meta, configs; beside it .npz: every STEP_FIELDS array, exact float64)."""
+    """Write runs to `path` (.json: meta, configs, gradient reports; beside it .npz: every STEP_FIELDS array, exact float64)."""
     # logs: seed -> run name -> RunLog, every seed with the same run names and configs.
     path = Path(path)
     seeds = sorted(logs)
@@ -31,11 +45,16 @@ def save_runs(path, logs: Mapping[int, Mapping[str, RunLog]], meta: Mapping) -> 
     doc = {**meta, "seeds": seeds, "fields": list(STEP_FIELDS),
            "runs": {name: asdict(logs[seeds[0]][name].config) for name in names},
            "arrays": path.with_suffix(".npz").name}
+    # Gradient reports (step -> dict of floats), where a run has them: exact in JSON.
+    reports = {f"{seed}.{name}": {str(k): v for k, v in logs[seed][name].gradients.items()}
+               for seed in seeds for name in names if logs[seed][name].gradients}
+    if reports:
+        doc["gradients"] = reports
     path.write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")
 
 
 def load_runs(path) -> tuple[dict, dict[int, dict[str, RunLog]]]:
-    """(meta, seed -> run name -> RunLog) from a file written by `save_runs` (no policies kept)."""
+    """(meta, seed -> run name -> RunLog) from a file written by `save_runs` (gradient reports kept, no policies)."""
     path = Path(path)
     meta = json.loads(path.read_text())
     with np.load(path.parent / meta["arrays"]) as z:
@@ -45,7 +64,9 @@ def load_runs(path) -> tuple[dict, dict[int, dict[str, RunLog]]]:
         logs[seed] = {}
         for name, cfg in meta["runs"].items():
             fields = dict(zip(meta["fields"], arrays[f"{seed}.{name}"], strict=True))
-            logs[seed][name] = RunLog(config=RunConfig(**cfg), **fields)
+            reports = meta.get("gradients", {}).get(f"{seed}.{name}", {})
+            logs[seed][name] = RunLog(config=RunConfig(**cfg), **fields,
+                                      gradients={int(k): v for k, v in reports.items()})
     return meta, logs
 
 
@@ -71,7 +92,7 @@ def find_stored(name: str, start=None):
     if not (url.startswith("https://github.com/") and commit):
         raise FileNotFoundError(f"data/{name} not found above {here}, and precisionlab was not "
                                 f"installed from a GitHub repository; run the script that makes it "
-                                f"(scripts/rl_source_regime.py for the chapter 6 runs)")
+                                f"(scripts/rl_source_regime.py or scripts/ch6_seeds.py for the chapter 6 runs)")
     raw = url.removesuffix(".git").replace("https://github.com/",
                                            "https://raw.githubusercontent.com/")
     out = Path(tempfile.gettempdir()) / "precisionlab-data" / commit

@@ -15,6 +15,7 @@ from .gradients import gradient_report
 from .grpo import classify_clipping, clipped, group_advantages, log_ratio_split, surrogate_loss
 from .policy import EOS, Policy, PolicyConfig
 from .runs import STEP_FIELDS, RunConfig, RunLog
+from .serving import make_engine
 from .stats import fcorr, fexp, fmean, fstd
 
 __all__ = ["train", "train_many", "train_seeds"]
@@ -39,7 +40,7 @@ def _start(policy_cfg: PolicyConfig, run: RunConfig, seed: int):
     # boundary-crossing arithmetic applies. emulate.Adam: float64 inside, m, v and the
     # weights stored in the master format, the same bits on every machine.
     opt = E.Adam(policy.parameters(), lr=run.lr, prec=master)
-    return policy, opt, Engine(policy, run.engine)
+    return policy, opt, make_engine(policy, run.engine, run.kernel)
 
 
 def _train(policy_cfg: PolicyConfig, run: RunConfig, seed: int, tick, record=(),

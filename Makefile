@@ -4,6 +4,8 @@
 
 PYTHON ?= python3
 PYTEST := $(PYTHON) -m pytest
+# the unit and notebook tests on every core (pytest-xdist); each notebook stays on one worker
+PARALLEL ?= -n auto --dist loadfile
 NB ?= notebooks/*.ipynb
 # torch's CPU kernels forced down to their scalar versions: checked outputs must not change.
 SCALAR := ATEN_CPU_CAPABILITY=default
@@ -16,14 +18,14 @@ help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
 
 test: lint  ## ruff and the nbval-tag check, then unit and notebook tests (nbval)
-	$(PYTEST) $(PYTEST_ARGS)
+	$(PYTEST) $(PARALLEL) $(PYTEST_ARGS)
 
 lint:  ## ruff (package, tests, scripts, benchmarks, notebooks) and nbval marker comments
 	$(PYTHON) -m ruff check .
 	$(PYTHON) scripts/nbval_tags.py --check notebooks/*.ipynb
 
 notebooks:  ## notebook tests again with scalar CPU kernels: same stored outputs
-	$(SCALAR) $(PYTEST) $(PYTEST_ARGS) notebooks
+	$(SCALAR) $(PYTEST) $(PARALLEL) $(PYTEST_ARGS) notebooks
 
 execute:  ## re-execute notebooks in place and time them (one: make execute NB=notebooks/01-*)
 	$(PYTHON) scripts/execute_notebooks.py $(NB)

@@ -138,3 +138,36 @@ def test_report_displays_and_plots():
     assert np.isfinite(r.blamed.widths_outside)
     assert {"layer_norm", "conv2d", "multi_head_attention_forward"} <= set(diagnose.supported())
     assert "cumsum" not in diagnose.supported()
+
+
+def test_recorded_values_survive_in_place_writes():
+    """Outputs are recorded without a copy and cloned only before a write: the values a trace
+    holds equal those of a trace that clones every output, for writes the tracing mode sees
+    (add_, __setitem__), one it does not (out=, run again eagerly) and inference tensors."""
+    from precisionlab.diagnose.triage import trace
+
+    def seen(x):
+        y = x * 2
+        z = y + 1
+        y.add_(5)
+        z[0] = 0.0
+        return y + z * 3
+
+    def prog(x):
+        w = seen(x)
+        torch.mul(w, 2, out=w)
+        return w + 1
+
+    x = torch.randn(4, 3)
+    with torch.inference_mode():
+        xi = torch.randn(4, 3)
+    for fn, inp, again in ((seen, x, False), (prog, x, True), (seen, xi, False)):
+        lazy, eager = trace(fn, (inp,)), trace(fn, (inp,), eager=True)
+        assert lazy.eager == again  # run again with clones only after an unseen write
+        assert len(lazy.records) == len(eager.records) >= 6
+        for a, b in zip(lazy.records, eager.records, strict=True):
+            assert all(torch.equal(u, v) for u, v in zip(a.outs, b.outs, strict=True)), a.name
+    y = x * 2
+    assert torch.equal(trace(prog, (x,)).records[0].outs[0], y)  # before add_ wrote into it
+    r = diagnose.triage(prog, prog, x)
+    assert r.verdict == "Type-I" and not r.unsound

@@ -15,7 +15,8 @@ Each returns a `Report`: plain data, printed as a table, drawn by `.plot(ax=None
 Files: `report`, `gradients`, `mismatch`, `determinism`; triage's `triage` (tracing, verdict),
 `opcheck` (each paired operation's check), `pairing` (which operations compare), `rules`,
 `rows` and `layers` (interval rules per operation: elementwise and shape, row-wise,
-convolution and attention) and `bound_ops` (their shared interval arithmetic).
+convolution and attention), `bound_ops` (their shared interval arithmetic) and `fused`
+(its compiled numba kernels, bit for bit the NumPy steps they replace).
 """
 
 from .determinism import DeterminismReport, determinism, ulp_distance

@@ -10,6 +10,7 @@ import torch
 
 from .. import intervals as iv
 from ..formats import get_format
+from . import fused
 
 _FN_ULPS = 4.0
 _REL = 2.0**-44  # slack around torch's float64 transcendental functions
@@ -23,20 +24,12 @@ class UnsupportedOperation(ValueError):
 # --------------------------------------------------------------------------- numpy helpers
 
 
-_TO = {s: torch.tensor(s * math.inf, dtype=torch.float64) for s in (-1, 1)}
-
-
 def _step(x, sign: int) -> np.ndarray:
-    """The float64 neighbour of x toward sign * inf (torch's nextafter, several times faster than
-    NumPy's); infinities stay (a float64 value past the range is past every format's)."""
+    """nextafter(x, sign inf) in one compiled pass; infinities stay (past every format's range)."""
     a = np.asarray(x, dtype=np.float64)
-    if a.size <= 256:  # NumPy's call costs less than the conversions
-        y = np.nextafter(a, sign * math.inf)
-    else:
-        t = torch.from_numpy(np.ascontiguousarray(a)).reshape(a.shape)  # 0-d stays 0-d
-        y = torch.nextafter(t, _TO[sign]).numpy()
-    inf = np.isinf(a)
-    return np.where(inf, a, y) if inf.any() else y
+    out = np.empty(a.shape)
+    fused.step(fused.flat(a), float(sign), out.reshape(-1))
+    return out
 
 
 def _dn(x):
@@ -86,13 +79,18 @@ def _mk(lo, hi) -> iv.Interval:
     if lo.shape != hi.shape:
         lo, hi = np.broadcast_arrays(lo, hi)
     if (lo <= hi).all():
-        x = _BARE(iv.Interval)
-        x.lo, x.hi, x.nan, x.value, x.rule = lo, hi, np.zeros(lo.shape, bool), None, "oblivious"
-        return x
+        return _bare(lo, hi)
     bad = np.isnan(lo) | np.isnan(hi)
     if bad.any():  # no information: the whole line
         lo, hi = np.where(bad, -np.inf, lo), np.where(bad, np.inf, hi)
     return iv.Interval(lo, hi, None, "oblivious")
+
+
+def _bare(lo: np.ndarray, hi: np.ndarray) -> iv.Interval:
+    """[lo, hi] for float64 arrays of one shape with every lo <= hi (no check)."""
+    x = _BARE(iv.Interval)
+    x.lo, x.hi, x.nan, x.value, x.rule = lo, hi, np.zeros(lo.shape, bool), None, "oblivious"
+    return x
 
 
 _BARE = object.__new__
@@ -137,21 +135,18 @@ def _round_into(x: iv.Interval, fmt: str) -> iv.Interval:
     return _mk(_directed(x.lo, fmt, -1), _directed(x.hi, fmt, 1))
 
 
-def _widen_rel(x: iv.Interval, ulps: float, fmt: str) -> iv.Interval:
-    """Bounds on values within ulps ulps of fmt of some value in x: lo - ulps max(eps|lo|, q), ..."""
+def _widen_rel(x: iv.Interval, ulps: float, fmt: str, ftz: bool = False) -> iv.Interval:
+    """[lo - ulps max(eps|lo|, q), hi + ulps max(eps|hi|, q)] outward, inf kept; ftz: `_ftz`."""
+    # an exact -inf (a masked score) is no neighbour of finite values; one compiled pass
     f = get_format(fmt)
-    with np.errstate(invalid="ignore", over="ignore"):
-        dlo = _up(ulps * np.maximum(_up(f.eps * np.abs(x.lo)), f.min_subnormal))
-        dhi = _up(ulps * np.maximum(_up(f.eps * np.abs(x.hi)), f.min_subnormal))
-        lo, hi = _dn(x.lo - dlo), _up(x.hi + dhi)
-    # an infinite endpoint stays: an exact -inf (a masked score) is no neighbour of finite values
-    return _mk(_keep_inf(x.lo, lo), _keep_inf(x.hi, hi))
-
-
-def _keep_inf(end: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """new, with end's infinite entries kept."""
-    inf = np.isinf(end)
-    return np.where(inf, end, new) if inf.any() else new
+    lo, hi = np.asarray(x.lo, dtype=np.float64), np.asarray(x.hi, dtype=np.float64)
+    if lo.shape != hi.shape:
+        lo, hi = np.broadcast_arrays(lo, hi)
+    out_lo, out_hi = np.empty(lo.shape), np.empty(lo.shape)
+    if fused.widen_rel(fused.flat(lo), fused.flat(hi), float(ulps), f.eps, f.min_subnormal,
+                       f.min_normal if ftz else 0.0, out_lo.reshape(-1), out_hi.reshape(-1)):
+        return _bare(out_lo, out_hi)
+    return _mk(out_lo, out_hi)
 
 
 def _widen_abs(x: iv.Interval, r) -> iv.Interval:
@@ -163,9 +158,10 @@ def _finish(x: iv.Interval, fmt: str, ulps: float, extra: float = 0.0) -> iv.Int
     """A result computed in the internal format within ulps ulps, then rounded into fmt; extra:
     further ulps of a float16/bfloat16 fmt for intermediates a kernel keeps in that format."""
     inner = _internal(fmt)
-    y = _widen_rel(x, ulps, inner) if ulps > 0 else x
-    if inner != "float64":
-        y = _ftz(y, inner)
+    if inner == "float64":
+        y = _widen_rel(x, ulps, inner) if ulps > 0 else x
+    else:  # widened, then flushed (`_ftz`)
+        y = _widen_rel(x, ulps, inner, ftz=True) if ulps > 0 else _ftz(x, inner)
         if not (extra > 0 and _reduced(fmt)):  # rounded into float32, then into fmt: one step
             return _round_into(y, fmt)
         y = _round_into(y, inner)
@@ -211,12 +207,10 @@ def leaf(t: torch.Tensor) -> iv.Interval:
     if not t.is_floating_point() or t.dtype == torch.float64:
         return _mk(v, v)
     f = get_format(fmt_of(t.dtype))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        _, e = np.frexp(np.abs(v))
-        half = np.ldexp(1.0, np.maximum(e - 1, f.emin) - f.mantissa_bits - 1)
-    half = np.where(v == 0, f.min_subnormal / 2, half)  # frexp(0) has exponent 0
-    lo, hi = v - half, v + half  # exact: both fit float64
-    return _mk(np.where(np.isfinite(v), lo, v), np.where(np.isfinite(v), hi, v))
+    lo, hi = np.empty(v.shape), np.empty(v.shape)  # v -+ ulp/2, exact in float64, in one pass
+    fused.leaf_box(fused.flat(v), f.emin, f.mantissa_bits, f.min_subnormal / 2, lo.reshape(-1),
+                   hi.reshape(-1))
+    return _mk(lo, hi)
 
 
 # --------------------------------------------------------------------------- arguments
@@ -405,10 +399,18 @@ def close_products(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g6
     + q_fmt / 2 more (charged 1.01 u_fmt s + q_fmt), and the whole line where that rounding may
     overflow. A bias entry that is exactly +-inf gives that infinity; a sum that may overflow
     the accumulator the whole line."""
+    pm, pr, s = pm.numpy(), pr.numpy(), s.numpy()  # the same float64 steps, in NumPy
+    if bias is None or (bias.lo.ndim <= pm.ndim and bias.lo.shape[-1:] == pm.shape[-1:] and
+                        bias.lo.size == pm.shape[-1] and bias.hi.shape == bias.lo.shape):
+        return _close_fused(pm, pr, s, terms, bias, fmt, g64)
+    return _close_numpy(pm, pr, s, terms, bias, fmt, g64)
+
+
+def _close_numpy(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g64: float):
+    """`close_products` on float64 arrays in NumPy steps (any bias shape)."""
     acc = get_format(_internal(fmt))
     inf_b = None
     extra = 0.0
-    pm, pr, s = pm.numpy(), pr.numpy(), s.numpy()  # the same float64 steps, in NumPy
     with np.errstate(invalid="ignore", over="ignore"):
         over = None
         if bias is not None:
@@ -435,6 +437,33 @@ def close_products(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g6
     if over is None or not over.any():
         return lo, hi
     return np.where(over, -np.inf, lo), np.where(over, np.inf, hi)
+
+
+def _close_fused(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g64: float):
+    """`_close_numpy`'s values in one compiled pass, for no bias or one bias entry per column."""
+    acc = get_format(_internal(fmt))
+    n = pm.shape[-1] if pm.ndim and pm.size else 1
+    uf, qf, grow_f, limit_f = 0.0, 0.0, 1.0, math.inf
+    bmid = brad = blo = bhi = np.zeros(1)
+    if bias is not None:
+        if _reduced(fmt):
+            f = get_format(fmt)
+            uf, qf = f.unit_roundoff, f.min_subnormal
+            grow_f, limit_f = 1 + _gamma(terms, acc.unit_roundoff), f.max_finite * 0.999
+        blo, bhi = fused.flat(bias.lo), fused.flat(bias.hi)
+        binf = (blo == bhi) & np.isinf(blo)
+        with np.errstate(invalid="ignore", over="ignore"):
+            bmid, brad = _midrad_np(np.where(binf, 0.0, blo), np.where(binf, 0.0, bhi), g64)
+        terms += 1
+    u = acc.unit_roundoff
+    c1, c2 = _gamma(terms, u) + 3 * g64, 1 + 8 * g64
+    c3 = terms * (acc.min_subnormal + _TINY)
+    lo, hi = np.empty(pm.shape), np.empty(pm.shape)  # a bias broadcasts to pm's shape
+    fused.close_tail(fused.flat(pm), fused.flat(pr), fused.flat(s), n, bias is not None,
+                     fused.flat(bmid), fused.flat(brad), blo, bhi, c1, c2, c3, uf, qf, grow_f,
+                     limit_f, 1 + _gamma(terms, u), acc.max_finite, lo.reshape(-1),
+                     hi.reshape(-1))
+    return lo, hi
 
 
 def _over(s: np.ndarray, grow: float, limit: float) -> np.ndarray | None:

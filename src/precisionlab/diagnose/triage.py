@@ -114,7 +114,7 @@ class _Rec:
     kwargs: dict
     path: str
     key: tuple
-    outs: list  # snapshots (detached clones) of the float outputs
+    outs: list  # the float outputs' values at the call (detached; cloned before a later write)
     src: dict  # id(input tensor) -> (record index, output position) or None (a leaf)
     ids: list  # id() of each output object
     flat_key: tuple  # ("", name, occurrence in the whole run): pairing without module paths
@@ -124,7 +124,10 @@ class _Rec:
 class _Trace:
     """Every float-valued torch call of one run, with module paths and module outputs."""
 
-    def __init__(self):
+    def __init__(self, eager: bool = False):
+        self.eager = eager  # clone every output at once (else only before an in-place write)
+        self.versions: list = []  # (record, position, tensor, its version counter at the call)
+        self.cloned: set = set()  # (record, position) whose value was cloned before a write
         self.records: list[_Rec] = []
         self.producer: dict = {}
         self.keep: list = []
@@ -146,8 +149,8 @@ class _Trace:
         src = {id(t): self.producer.get(id(t)) for t in ins}
         i = len(self.records)
         rec = _Rec(i, name, func, args, kwargs, path, (path, name, self.counts[k]),
-                   [o.detach().clone() for o in outs], src, [id(o) for o in outs],
-                   ("", name, self.counts[name]), ins)
+                   [self._value(i, j, o) for j, o in enumerate(outs)], src,
+                   [id(o) for o in outs], ("", name, self.counts[name]), ins)
         self.records.append(rec)
         for t in ins:
             if t.is_floating_point() and src[id(t)] is None:  # a leaf: weights, inputs
@@ -157,6 +160,32 @@ class _Trace:
             self.producer[id(o)] = (i, j)
             self.keep.append(o)
             self.shared.append(o)
+
+    def _value(self, i: int, j: int, o: torch.Tensor) -> torch.Tensor:
+        """Output j of record i as recorded: o itself (detached) while nothing writes into it,
+        its version counter noted; a clone when eager or o has no counter (inference mode)."""
+        if not self.eager:
+            try:
+                self.versions.append((i, j, o, o._version))
+                return o.detach()
+            except RuntimeError:  # an inference tensor: no version counter
+                pass
+        self.cloned.add((i, j))
+        return o.detach().clone()
+
+    def before_write(self, t: torch.Tensor) -> None:
+        """An in-place operation is about to write into t: clone the value its producer recorded
+        (a write into memory another traced tensor shares is refused by `check_alias`)."""
+        p = self.producer.get(id(t))
+        if p is not None and p not in self.cloned:
+            self.cloned.add(p)
+            outs = self.records[p[0]].outs
+            outs[p[1]] = outs[p[1]].clone()
+
+    def written(self) -> bool:
+        """Whether some output not cloned changed after its call (a write the mode did not see,
+        such as out=): the recorded values are then not the call's."""
+        return any(o._version != v for i, j, o, v in self.versions if (i, j) not in self.cloned)
 
     def check_alias(self, t: torch.Tensor, name: str) -> None:
         """An in-place operation on memory another traced tensor (a view) shares: refuse it.
@@ -200,6 +229,7 @@ class _Recorder(TorchFunctionMode):
                                                                                  "__int__"))
         if inplace and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
             self.tr.check_alias(args[0], name)
+            self.tr.before_write(args[0])
         out = func(*args, **kwargs)
         cands = args[:1] if inplace else _tensors(out)
         if data:  # integer/bool results computed from float values (x > 0, argmax, ...)
@@ -246,10 +276,12 @@ def _roots(fn) -> list:
     return found
 
 
-def trace(fn, inputs, name: str = "the program") -> _Trace:
-    """Run fn(*inputs) once under no_grad, recording its float-valued torch calls."""
+def trace(fn, inputs, name: str = "the program", eager: bool = False) -> _Trace:
+    """Run fn(*inputs) once under no_grad, recording its float-valued torch calls (eager: clone
+    every output as it is made; otherwise only before a write, and run again eagerly when a
+    write went unseen)."""
     ins = as_inputs(inputs, "inputs")
-    tr = _Trace()
+    tr = _Trace(eager)
     hooks = []
     seen = set()
     for prefix, root in _roots(fn):
@@ -279,6 +311,8 @@ def trace(fn, inputs, name: str = "the program") -> _Trace:
     if not outs:
         raise ValueError(f"{name} must return a tensor or a tuple of tensors; got "
                          f"{type(out).__name__}")
+    if tr.written():
+        return trace(fn, inputs, name, eager=True)
     tr.outputs = [o.detach().clone() for o in outs]
     tr.final = [tr.producer.get(id(o)) for o in outs]
     return tr

@@ -229,7 +229,7 @@ class GradientReport(Report):
             s = self.swallowed_share
             rows.append(["weights stop changing", f"bf16 updates lost {fmt_share(s)}",
                          "float32 master weights" if s else "-"])
-        return Table(["symptom", "cause in this model", "fix"], rows)
+        return Table(["symptom", "cause in this model", "fix"], rows, width=80)
 
     def plot(self, ax=None, fmt: str = "float16"):
         """Per parameter tensor: log2 of max |g| and smallest nonzero |g| against fmt's floors."""

@@ -213,6 +213,8 @@ def test_stall_summary_verdicts_and_rescues():
     assert "12 / -" in row[1]
     table = rl.stall_table([two])
     assert len(table.rows) == 2 and table.rows[0][0].startswith("source")
+    named = rl.stall_summary({k: logs[k] for k in (0, 1)}, fixes={"fix": "the fix"})
+    assert named.row()[-1] == "the fix (rescues)" and named.fixes == ("fix",)
 
 
 def test_stall_summary_rejects_bad_input():

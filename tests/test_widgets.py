@@ -552,3 +552,35 @@ def test_text_panels_wrap_instead_of_scrolling():
 
     explorer = widgets.interactive(wordy, {"k": [1, 3], "name": ["b"]})
     assert _panel_columns(explorer.frames()["panels"]) <= widgets.PANEL_COLUMNS
+
+
+# --------------------------------------------------------------------------- phantom explorer
+
+
+def test_phantom_explorer_with_supplied_runs_shows_the_same_views():
+    """Runs handed in (a chapter's, trained with extras) give every view of the retrained explorer."""
+    from precisionlab import rl
+
+    kw = {"engine": "bf16", "trainer": "fp32", "eps": 0.05, "lr": 1.5e-4, "steps": 3}
+    base = rl.RunConfig(trainer="fp32", engine="bf16", lr=1.5e-4, steps=3)
+    # the oracle: the explorer that trains every run itself
+    plain = widgets.phantom_explorer(**kw)
+    runs = {(t, e): rl.train(rl.PolicyConfig(), rl.with_changes(
+                base, trainer=t, eps_low=e, eps_high=e), seed=0, progress=False,
+                record=range(3), gradients=(1,))  # extras that must not change a view
+            for t, e in [("fp32", 0.05), ("bf16", 0.05), ("fp32", 0.2), ("fp32", 10.0)]}
+    given = widgets.phantom_explorer(**kw, runs=runs)
+    assert given.frames() == plain.frames()
+    assert given.element_id == plain.element_id and repr(given) == repr(plain)
+    assert given.static_html() == plain.static_html()
+    # a supplied log is used where it is asked for: the view reads its numbers, not a retrain
+    import dataclasses
+
+    marked = dataclasses.replace(runs["fp32", 0.05], reward=runs["fp32", 0.05].reward - 0.5)
+    text, _ = widgets.phantom_view(**kw, step=2, runs={("fp32", 0.05): marked})
+    assert f"reward {marked.reward[2]:.2f}" in str(text)
+    assert f"reward {runs['fp32', 0.05].reward[2]:.2f}" not in str(text)
+    # a log of another run is refused, naming the parameter
+    wrong = {("fp32", 0.2): runs["fp32", 0.05]}
+    with pytest.raises(ValueError, match=r"runs\[\('fp32', 0.2\)\] must be the RunLog"):
+        widgets.phantom_explorer(**kw, runs=wrong)

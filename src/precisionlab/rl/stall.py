@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..checks import check_choice, check_positive
-from ..tables import Table
+from ..tables import Table, show
 from .runs import RunLog
 from .source import SOURCE
 from .stats import fmean
@@ -88,6 +88,7 @@ class StallSummary:
     fixes: tuple[str, ...]
     fraction: float
     steps: int
+    labels: dict = field(default_factory=dict)  # fix run name -> its name in the row
 
     @property
     def verdict(self) -> str:
@@ -130,11 +131,13 @@ class StallSummary:
             pairs("efficiency", ".1%"),
             "; ".join(f"{s.phantom:.1%} / {s.legitimate:.1%}" for s in self.seeds),
             ", ".join(f"{s.snr:.2f}" for s in self.seeds),
-            ", ".join(f"{f} ({v})" for f, v in rescue.items() if v != "no") or "-",
+            ", ".join(f"{self.labels.get(f, f)} ({v})" for f, v in rescue.items()
+                      if v != "no") or "-",
         )
 
 
-def stall_summary(source, name: str = "stall configuration", fixes: Sequence[str] | None = None,
+def stall_summary(source, name: str = "stall configuration",
+                  fixes: Sequence[str] | Mapping[str, str] | None = None,
                   fraction: float = 0.5, window: int = 100, early: int = 10,
                   matched: str = "matched", mismatched: str = "mismatched") -> StallSummary:
     """Steps to target (fraction of the way from the start to -1), deployed improvement, early phantom share and SNR per seed."""
@@ -142,7 +145,8 @@ def stall_summary(source, name: str = "stall configuration", fixes: Sequence[str
     # "matched" and "mismatched" runs. window: the first steps over which deployed improvement,
     # efficiency and SNR are averaged (the source's runs were 100 steps); early: the first steps
     # over which the phantom share is averaged. fixes: run names tried on the mismatched run
-    # (default: every run but those two); matched, mismatched: the names of those two runs.
+    # (default: every run but those two), or a mapping run name -> the label the row shows;
+    # matched, mismatched: the names of those two runs.
     logs: Mapping[int, Mapping[str, RunLog]] = (
         load_runs(source)[1] if isinstance(source, str | Path) else source)
     check_positive(window, "window")
@@ -153,6 +157,7 @@ def stall_summary(source, name: str = "stall configuration", fixes: Sequence[str
     names = list(logs[seeds[0]])
     pair = {"matched": check_choice(matched, "matched run name", names),
             "mismatched": check_choice(mismatched, "mismatched run name", names)}
+    labels = dict(fixes) if isinstance(fixes, Mapping) else {}
     fixes = tuple(n for n in names if n not in pair.values()) if fixes is None \
         else tuple(check_choice(f, "fix run name", names) for f in fixes)
     w, e = slice(0, int(window)), slice(0, int(early))
@@ -170,7 +175,7 @@ def stall_summary(source, name: str = "stall configuration", fixes: Sequence[str
             phantom=fmean(mm.phantom[e]), legitimate=fmean(mm.legitimate[e]),
             snr=fmean(mm.snr()[w][1:]),
             verdict=_verdict(steps["matched"], steps["mismatched"])))
-    return StallSummary(name, tuple(out), fixes, fraction, len(m.reward))
+    return StallSummary(name, tuple(out), fixes, fraction, len(m.reward), labels)
 
 
 def source_stall_row() -> tuple[str, ...]:
@@ -184,4 +189,4 @@ def source_stall_row() -> tuple[str, ...]:
 def stall_table(summaries: Sequence[StallSummary], source: bool = True) -> Table:
     """A tables.Table of `StallSummary.row` per configuration, under the source's row if `source`."""
     rows = ([source_stall_row()] if source else []) + [s.row() for s in summaries]
-    return Table(STALL_HEADERS, rows, width=80, key=1)
+    return show(rows, STALL_HEADERS, width=80, key=1)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections.abc import Mapping
+from functools import lru_cache, partial, update_wrapper
 
 from matplotlib.figure import Figure
 
 from ..plotting import plot_run_metric
-from ..rl import PolicyConfig, RunConfig, train, with_changes
+from ..rl import PolicyConfig, RunConfig, RunLog, train, with_changes
 from .frames import interactive
 from .view import TextPanel, check_real
 
@@ -23,19 +24,35 @@ def trained(cfg: PolicyConfig, run: RunConfig, seed: int):
     return train(cfg, run, seed=seed, progress=False)
 
 
+def _run(runs: Mapping | None, cfg: PolicyConfig, run: RunConfig, seed: int) -> RunLog:
+    """runs[(trainer, eps)] if given (its config must be `run`), else trained(cfg, run, seed)."""
+    key = (run.trainer, run.eps_low)
+    if not runs or key not in runs:
+        return trained(cfg, run, seed)
+    log = runs[key]
+    if not isinstance(log, RunLog) or log.config != run:
+        got = log.config if isinstance(log, RunLog) else log
+        raise ValueError(f"runs[{key!r}] must be the RunLog of {run!r} (seed {seed}); got {got!r}")
+    return log
+
+
 def phantom_view(engine: str = "bf16", trainer: str = "fp32", eps: float = 0.2,
                  lr: float = 5e-5, steps: int = 25, seed: int = 0,
-                 step: int | None = None) -> tuple[TextPanel, Figure]:
+                 step: int | None = None, runs: Mapping | None = None) -> tuple[TextPanel, Figure]:
     """A short GRPO run (rl.train) and its matched partner (trainer = engine): reward and clipping per step."""
+    # runs: optional {(trainer, eps): RunLog} of runs already trained with this seed and
+    # PolicyConfig() (a chapter's own); each is used where its config is the one asked for,
+    # the others are trained. Only time changes: rl.train is deterministic.
     run = RunConfig(trainer=trainer, engine=engine, lr=check_real(lr, "lr"),
                     eps_low=check_real(eps, "eps"), eps_high=check_real(eps, "eps"),
                     steps=int(steps))  # RunConfig names the valid choices on bad input
     if step is not None and (isinstance(step, bool) or step != int(step) or not 0 <= step < steps):
         raise ValueError(f"step must be a whole number in [0, steps={steps}); got step={step!r}")
     cfg = PolicyConfig()
-    log = trained(cfg, run, int(seed))
+    log = _run(runs, cfg, run, int(seed))
     # The matched partner (trainer = engine, same seed and eps): the convergence contrast.
-    ref = log if trainer == engine else trained(cfg, with_changes(run, trainer=engine), int(seed))
+    ref = log if trainer == engine else _run(runs, cfg, with_changes(run, trainer=engine),
+                                             int(seed))
     early = slice(0, min(5, steps))
     lines = [
         f"{trainer} trainer, {engine} engine, eps {eps:g}, lr {lr:g}, {steps} steps",
@@ -75,8 +92,19 @@ def phantom_view(engine: str = "bf16", trainer: str = "fp32", eps: float = 0.2,
 
 
 def phantom_explorer(engine: str = "bf16", trainer: str = "fp32", eps: float = 0.2,
-                     lr: float = 5e-5, steps: int = 25, seed: int = 0):
+                     lr: float = 5e-5, steps: int = 25, seed: int = 0,
+                     runs: Mapping | None = None):
     """interactive(phantom_view, PHANTOM_GRID + step 0..steps-1, ...): eps and the step inspected move."""
+    # runs: as in phantom_view; bound to the view, so the control's id and frames are those
+    # of the explorer without it.
     grid = {**PHANTOM_GRID, "step": tuple(range(int(steps)))}
-    return interactive(phantom_view, grid, engine=engine, trainer=trainer, eps=eps,
+    view = phantom_view
+    if runs:
+        runs = dict(runs)
+        for trainer_, eps_ in runs:  # a wrong log raises here, not in one frame's panel
+            _run(runs, PolicyConfig(), RunConfig(
+                trainer=trainer_, engine=engine, lr=lr, eps_low=eps_, eps_high=eps_,
+                steps=int(steps)), int(seed))
+        view = update_wrapper(partial(phantom_view, runs=runs), phantom_view)
+    return interactive(view, grid, engine=engine, trainer=trainer, eps=eps,
                        lr=lr, steps=steps, seed=seed, step=int(steps) - 1)

@@ -22,17 +22,12 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import platform
-import sys
 import time
 from pathlib import Path
 
-import numba
-import numpy as np
 import torch
 
-import precisionlab
-from precisionlab import emulate, rl
+from precisionlab import rl
 from precisionlab.rl import with_changes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,30 +69,19 @@ LABELS = {
 }
 
 
-def _band_report(policy: rl.Policy, seed: int) -> dict:
-    """Median |beta| per log-prob band over the vocabulary at the states of a fresh batch."""
-    fresh = rl.Engine(policy, "bf16").generate(8, torch.Generator().manual_seed(seed + 2))
-    lp = rl.vocabulary_logprobs(policy, fresh, "bf16")
-    return {
-        "p_eos": rl.fmean(emulate.exp64(lp[:, rl.EOS].double())),
-        "bands": [[lo, hi, n, med] for (lo, hi), (n, med)
-                  in zip(BANDS, rl.beta_by_band(policy, fresh, BANDS), strict=True)],
-    }
-
-
 def _one(task):
     """Train one (seed, run id); extras for the first seed: gradient reports and beta by band."""
     seed, name, run, first = task
     torch.set_num_threads(1)
     extra = {}
     if first and name in ("matched", "mismatched"):
-        extra["bands_init"] = _band_report(rl.Policy(POLICY, seed), seed)
+        extra["bands_init"] = rl.band_report(rl.Policy(POLICY, seed), BANDS, seed)
     grads = GRADIENT_STEPS if first and name == "mismatched" else ()
     log = rl.train(POLICY, run, seed=seed, progress=False, gradients=grads)
     if grads:
         extra["gradients"] = {str(k): v for k, v in log.gradients.items()}
     if first and name in ("matched", "mismatched"):
-        extra["bands_final"] = _band_report(log.policy, seed)
+        extra["bands_final"] = rl.band_report(log.policy, BANDS, seed)
     log.policy = None  # not stored
     return seed, name, log, extra
 
@@ -138,12 +122,7 @@ def main() -> None:
     meta = {
         "description": "Chapter 6, second configuration (closer to the source's regime): "
                        "per-step logs of every run and seed, see scripts/rl_source_regime.py",
-        "command": "python3 " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-        "precisionlab_version": precisionlab.__version__,
-        "torch_version": torch.__version__,
-        "numpy_version": np.__version__,
-        "numba_version": numba.__version__,
-        "python_version": platform.python_version(),
+        **rl.provenance(),
         "runtime_s": round(runtime, 1),
         "jobs": args.jobs,
         "policy": asdict(POLICY),

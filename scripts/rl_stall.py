@@ -36,18 +36,14 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import platform
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numba
-import numpy as np
 import torch
 
-import precisionlab
-from precisionlab import emulate, rl
+from precisionlab import rl
 from precisionlab.rl import with_changes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,27 +91,17 @@ LABELS = {
 }
 
 
-def _bands(policy: rl.Policy, seed: int) -> dict:
-    """P(EOS) and (lo, hi, count, median |beta|) per log-prob band at the states of a fresh batch."""
-    batch = rl.Engine(policy, "bf16").generate(8, torch.Generator().manual_seed(seed + 2))
-    lp = rl.vocabulary_logprobs(policy, batch, "bf16")
-    per_band = rl.beta_by_band(policy, batch, BANDS)
-    return {"p_eos": rl.fmean(emulate.exp64(lp[:, rl.EOS].double())),
-            "bands": [[lo, hi, n, med] for (lo, hi), (n, med) in zip(BANDS, per_band,
-                                                                       strict=True)]}
-
-
 def _one(task):
     """Train one (seed, run id); for the first seed also gradient reports and beta by band."""
     seed, name, run, first = task
     torch.set_num_threads(1)
     key = first and name in ("matched", "mismatched")
-    extra = {"bands_init": _bands(rl.Policy(POLICY, seed), seed)} if key else {}
+    extra = {"bands_init": rl.band_report(rl.Policy(POLICY, seed), BANDS, seed)} if key else {}
     log = rl.train(POLICY, run, seed=seed, progress=False,
                    gradients=GRADIENT_STEPS if key else ())
     if key:
         extra["gradients"] = {str(k): v for k, v in log.gradients.items()}
-        extra["bands_final"] = _bands(log.policy, seed)
+        extra["bands_final"] = rl.band_report(log.policy, BANDS, seed)
     log.policy = None  # not stored
     return seed, name, log, extra
 
@@ -206,12 +192,8 @@ def main() -> None:
         "description": "Chapter 6 at the source's scale (long completions, 2048-entry "
                        "vocabulary, serving kernel, 1%-first-sync learning rate): per-step "
                        "logs of every run and seed, see scripts/rl_stall.py",
+        **rl.provenance(),
         "command": command,
-        "precisionlab_version": precisionlab.__version__,
-        "torch_version": torch.__version__,
-        "numpy_version": np.__version__,
-        "numba_version": numba.__version__,
-        "python_version": platform.python_version(),
         "runtime_s": round(runtime, 1),
         "jobs": args.jobs,
         "steps": args.steps,

@@ -10,6 +10,7 @@ whose verdicts are known, and the stored runs re-run from their script's configu
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from fractions import Fraction
 from pathlib import Path
@@ -260,3 +261,16 @@ def test_stored_stall_runs_match_their_script_and_replay_exactly():
     assert rl.fmean(lengths) >= 48
     assert all(0.005 < logs[s]["mismatched"].changed[1] < 0.02 for s in meta["seeds"])
     assert not math.isnan(rl.stall_summary(DATA).seeds[0].snr)
+
+
+@pytest.mark.parametrize("name", ["rl_source_regime.json", "rl_stall.json"])
+def test_band_report_replays_the_stored_initial_bands(name):
+    """rl.band_report (the scripts' beta-by-band record) gives the stored bands_init bit for bit."""
+    meta = json.loads((Path(__file__).resolve().parents[1] / "data" / name).read_text())
+    seed = meta["seeds"][0]
+    bands = [tuple(b) for b in meta["bands"]]
+    policy = rl.Policy(rl.PolicyConfig(**meta["policy"]), seed)
+    got = rl.band_report(policy, bands, seed)
+    want = meta["extras"]["matched.bands_init"]
+    assert got["p_eos"] == want["p_eos"]
+    assert [list(b) for b in got["bands"]] == [list(b) for b in want["bands"]]

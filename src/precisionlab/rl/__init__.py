@@ -23,7 +23,7 @@ Files, one concept each (lowest first):
   phantom-versus-legitimate clipping;
 * `runs`: `RunConfig` and `RunLog`;
 * `gradients`: the four-pass gradient decomposition and `gradient_report`;
-* `beta`: where beta comes from (`beta_table`, `beta_by_band`, `beta_by_offset`, ...);
+* `beta`: where beta comes from (`beta_table`, `beta_by_band`, `band_report`, `beta_by_offset`, ...);
 * `trainer`: `train`, `train_many`, `train_seeds` (generate, sync, score, update);
 * `gathered`: `gathered_log_softmax`, the trainer's log-probability of the sampled token,
   compiled (the same bits as emulate.log_softmax and a gather);
@@ -39,7 +39,7 @@ Randomness: `Policy` and the trainers take a `seed`; `Engine.generate` and `samp
 continue the stream of a `torch.Generator`.
 """
 
-from .beta import beta_by_band, beta_by_offset, beta_table, logit_rounding_beta
+from .beta import band_report, beta_by_band, beta_by_offset, beta_table, logit_rounding_beta
 from .engine import Engine, Rollout, sample_tokens, sequence_logprobs, vocabulary_logprobs
 from .findings import (
     CONVERGE_KEYS,
@@ -115,6 +115,7 @@ __all__ = [
     "SourceFigure",
     "StallSeed",
     "StallSummary",
+    "band_report",
     "beta_by_band",
     "beta_by_offset",
     "beta_table",

@@ -11,7 +11,7 @@ import torch
 from .. import emulate as E
 from ..rounding import round_to
 from .engine import Engine, Rollout, sequence_logprobs, vocabulary_logprobs
-from .policy import PRECISIONS, Policy, PolicyConfig
+from .policy import EOS, PRECISIONS, Policy, PolicyConfig
 from .stats import fmean, fstd
 
 __all__ = ["beta_by_band", "beta_by_offset", "beta_table", "logit_rounding_beta"]
@@ -50,6 +50,16 @@ def beta_by_band(policy: Policy, rollout: Rollout, bands: Sequence[tuple[float, 
         n = int(sel.sum())
         out.append((n, float(mag[sel].median()) if n else float("nan")))
     return out
+
+
+@torch.no_grad()
+def band_report(policy: Policy, bands: Sequence[tuple[float, float]], seed: int) -> dict:
+    """P(EOS) and [lo, hi, count, median |beta|] per log-prob band at the states of a fresh bf16 batch of 8 (stream seed + 2)."""
+    fresh = Engine(policy, "bf16").generate(8, torch.Generator().manual_seed(seed + 2))
+    lp = vocabulary_logprobs(policy, fresh, "bf16")
+    return {"p_eos": fmean(E.exp64(lp[:, EOS].double())),
+            "bands": [[lo, hi, n, med] for (lo, hi), (n, med)
+                      in zip(bands, beta_by_band(policy, fresh, bands), strict=True)]}
 
 
 @torch.no_grad()

@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from precisionlab import tables
@@ -159,6 +159,7 @@ def test_caption_and_note_are_wrapped_to_the_width():
 
 
 @settings(max_examples=60, deadline=None)
+@example(20, 0, [["", "", ""]], ["A", " ", "AAAAAAAAAAAAAAA"])  # blank header, empty cells
 @given(st.integers(20, 120), st.integers(0, 2),
        st.lists(st.lists(st.text("abc xyz-0123.", max_size=40), min_size=3, max_size=3),
                 min_size=1, max_size=4),

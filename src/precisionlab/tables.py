@@ -269,7 +269,7 @@ def _wrap_header(lines: list[str], cell_width: int) -> list[str]:
     """Each header line wrapped at spaces onto at most two lines, as narrow as the cells allow."""
     out = []
     for line in lines:
-        w = max([cell_width, *(len(word) for word in line.split())])
+        w = max([1, cell_width, *(len(word) for word in line.split())])  # blank: 1
         while len(textwrap.wrap(line, w, break_on_hyphens=False)) > 2:
             w += 1
         out += textwrap.wrap(line, w, break_on_hyphens=False) or [""]

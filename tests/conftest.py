@@ -67,3 +67,15 @@ def _close_figures():
     pyplot = sys.modules.get("matplotlib.pyplot")
     if pyplot is not None:
         pyplot.close("all")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread for the test (the emulated arithmetic does not depend on it; native
+    kernels then add in one order), the old count restored after."""
+    import torch  # only the tests that ask for this fixture pay for the import
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -29,14 +29,9 @@ SMALL = rl.PolicyConfig(vocab=32, n_prompts=2, max_len=6, width=16, hidden=32, d
                         eos_logit=2.0)  # groups whose lengths differ: advantages non-zero
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # The emulated arithmetic does not depend on the thread count (a test below checks that);
-    # one thread keeps the native-kernel comparisons in one order.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+# The emulated arithmetic does not depend on the thread count (a test below checks that);
+# one thread keeps the native-kernel comparisons in one order.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _policy(cfg=SMALL, seed=0):

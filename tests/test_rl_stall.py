@@ -28,12 +28,7 @@ SMALL = rl.PolicyConfig(vocab=64, n_prompts=2, max_len=8, width=16, hidden=32, d
 DATA = Path(__file__).resolve().parents[1] / "data" / "rl_stall.json"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --------------------------------------------------------------------------- gathered

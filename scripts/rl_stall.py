@@ -27,9 +27,18 @@ four times narrower, a larger dose of phantom clipping) are each repeated for th
     python3 scripts/rl_stall.py --probe         # 40 steps, seed 0, matched and mismatched only
     python3 scripts/rl_stall.py --runs fp16 --out a.json  # some runs; --merge joins such files
 
+The eps = 0.05 runs again, four times longer (their first 300 steps are the stored ones, bit
+for bit), and seed 2's mismatched run, whose matched run arrives late, longer still:
+
+    python3 scripts/rl_stall.py --runs matched_narrow mismatched_narrow shadow_ratio_narrow \\
+        --steps 1200 --out data/rl_stall_long.json --jobs 2        # about 25 min on 2 cores
+    python3 scripts/rl_stall.py --runs mismatched_narrow --seeds 2 --steps 2400 \\
+        --out data/rl_stall_seed2.json --jobs 1                   # about 10 min on 1 core
+
 The arithmetic is precisionlab.emulate's, so the stored numbers are the same on every
 machine, thread count and process layout; tests/test_rl_stall.py re-runs the first steps and
-compares them exactly. `rl.stall_summary("data/rl_stall.json")` reads the verdict.
+compares them exactly (and that the long runs continue the stored ones).
+`rl.stall_summary("data/rl_stall.json")` reads the verdict.
 """
 
 from __future__ import annotations

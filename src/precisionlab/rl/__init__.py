@@ -30,7 +30,8 @@ Files, one concept each (lowest first):
 * `serving`: `ServingEngine`, an engine whose serving kernel differs from the shadow forward;
 * `stored`: `save_runs`, `load_runs`, `find_stored`, `provenance` for runs too long for a
   chapter;
-* `stall`: `stall_summary`, `stall_table`: does the mismatched run stall, lag or keep level;
+* `stall`: `stall_summary`, `stall_table`, `progress`: does the mismatched run stall, lag or
+  keep level, how much slower, and how far it has got when the matched run arrives;
 * `source`: the source study's figures (`SOURCE`), `reproduces`, `comparison_table`;
 * `findings`: `source_findings`, `Evidence` (and `evidence_from_runs`), `tally` and the
   verdict rules.
@@ -73,10 +74,12 @@ from .runs import STEP_FIELDS, RunConfig, RunLog, with_changes
 from .serving import KERNELS, ORDERS, ServingEngine, make_engine, permuted_weights
 from .source import COMPARISON_HEADERS, SOURCE, SourceFigure, comparison_table, reproduces
 from .stall import (
+    SOURCE_REWARDS,
     STALL_HEADERS,
     STALL_VERDICTS,
     StallSeed,
     StallSummary,
+    progress,
     source_stall_row,
     stall_summary,
     stall_table,
@@ -98,6 +101,7 @@ __all__ = [
     "PRECISIONS",
     "RATIO_MODES",
     "SOURCE",
+    "SOURCE_REWARDS",
     "STALL_HEADERS",
     "STALL_VERDICTS",
     "STEP_FIELDS",
@@ -140,6 +144,7 @@ __all__ = [
     "permuted_weights",
     "policy_gradient",
     "policy_logprobs",
+    "progress",
     "provenance",
     "reproduces",
     "sample_tokens",

@@ -6,9 +6,16 @@ improvement per step is several times smaller, and that the fixes rescue it. `st
 measures exactly that on stored runs (or on logs in memory), seed by seed: a run reaches its
 target when the 5-step moving average of its reward has covered `fraction` of the way from
 its start (the mean of its first 5 rewards) to the optimum -1 (an immediate EOS). A seed
-*stalls* if the matched run reaches its target and the mismatched run never does, *lags* if
-the mismatched run gets there later, and is *level* otherwise; it is *undecided* if the
-matched run never gets there either.
+*stalls* if the matched run reaches its target and the mismatched run never does within its
+log (which must run past that step), *lags* if the mismatched run gets there later, and is
+*level* otherwise; it is *undecided* if the matched run never gets there either.
+
+Two figures do not depend on where a log ends, once the runs they compare have arrived: the
+*slowdown* (the mismatched run's steps to target over the matched run's; until it arrives, only
+a lower bound, its log's length over the matched run's steps) and the *progress at the matched
+target* (how much of its own way to -1 the mismatched run has covered at the step where the
+matched run reaches its target). Each run is measured on its
+own log, so a run may be logged longer than the others (a run extended to see if it arrives).
 """
 
 from __future__ import annotations
@@ -25,25 +32,46 @@ from .source import SOURCE
 from .stats import fmean
 from .stored import load_runs
 
-__all__ = ["STALL_HEADERS", "STALL_VERDICTS", "StallSeed", "StallSummary", "source_stall_row",
-           "stall_summary", "stall_table", "target_reward"]
+__all__ = ["SOURCE_REWARDS", "STALL_HEADERS", "STALL_VERDICTS", "StallSeed", "StallSummary",
+           "progress", "source_stall_row", "stall_summary", "stall_table", "target_reward"]
 
 STALL_VERDICTS: tuple[str, ...] = ("stall", "lag", "level", "undecided")
 STALL_HEADERS: tuple[str, ...] = (
-    "configuration", "steps to target, matched / mismatched", "mismatched",
+    "configuration", "steps to target, matched / mismatched",
+    "mismatched (x matched's steps)", "mismatched's progress at matched's target",
     "deployed per step, matched / mismatched", "efficiency, matched / mismatched",
     "early phantom / legit.", "SNR", "rescued by")
 OPTIMUM = -1.0  # reward of an immediate EOS
+WINDOW = 5  # steps of the moving average (RunLog.steps_to's default)
+# The source's reward trajectories (seed 001, section 7.7), (from, to) over its 100 steps: the
+# matched run converged from -109 to -20, the mismatched one stayed between -101 and -96.
+SOURCE_REWARDS: dict[str, tuple[float, float]] = {"matched": (-109.0, -20.0),
+                                                  "mismatched": (-101.0, -96.0)}
 
 
 def target_reward(log: RunLog, fraction: float = 0.5, start: int = 5) -> float:
     """R_0 + fraction (-1 - R_0), R_0 = the mean reward of the first `start` steps."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must lie in (0, 1]; got fraction={fraction!r}")
+    r0 = _start_reward(log, start)
+    return r0 + fraction * (OPTIMUM - r0)
+
+
+def _start_reward(log: RunLog, start: int) -> float:
+    """R_0, the mean reward of the first `start` steps."""
     if isinstance(start, bool) or not isinstance(start, int) or not 1 <= start <= len(log.reward):
         raise ValueError(f"start must be an integer in [1, {len(log.reward)}]; got start={start!r}")
-    r0 = fmean(log.reward[:start])
-    return r0 + fraction * (OPTIMUM - r0)
+    return fmean(log.reward[:start])
+
+
+def progress(log: RunLog, step: int, start: int = 5) -> float | None:
+    """(A_step - R_0) / (-1 - R_0): A_step the 5-step moving average ending at `step`, R_0 the mean of the first `start` rewards (None: step not logged)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < WINDOW - 1:
+        raise ValueError(f"step must be an integer >= {WINDOW - 1}; got step={step!r}")
+    r0 = _start_reward(log, start)
+    if step >= len(log.reward):
+        return None
+    return (fmean(log.reward[step - WINDOW + 1:step + 1]) - r0) / (OPTIMUM - r0)
 
 
 def _steps(log: RunLog, fraction: float) -> int | None:
@@ -51,11 +79,22 @@ def _steps(log: RunLog, fraction: float) -> int | None:
     return log.steps_to(target_reward(log, fraction))
 
 
-def _verdict(matched: int | None, mismatched: int | None) -> str:
-    """stall: matched arrives, mismatched never; lag: mismatched later; level: not later; undecided: matched never."""
-    if matched is None:
+def _verdict(matched: int | None, mismatched: int | None, logged: int) -> str:
+    """stall: matched arrives, mismatched never in its `logged` steps (> matched's); lag: later; level: not later; else undecided."""
+    if matched is None or (mismatched is None and logged <= matched):
         return "undecided"
     return "stall" if mismatched is None else "lag" if mismatched > matched else "level"
+
+
+def _times(ratio: tuple[float, bool] | None) -> str:
+    """'3.67x' for a ratio, '>1.77x' for a lower bound (shown rounded down), '?' for none."""
+    if ratio is None:
+        return "?"
+    value, bound = ratio
+    if not bound:
+        return f"{value:.2f}x"
+    shown = math.floor(value * 100) / 100
+    return f">{shown:.2f}x" if shown < value else f">={shown:.2f}x"
 
 
 def _ratio(a: float, b: float) -> float:
@@ -77,6 +116,27 @@ class StallSeed:
     legitimate: float  # mismatched: mean legitimately clipped share over the early steps
     snr: float  # mismatched: mean over the window (from step 1) of mean|alpha| / mean|beta|
     verdict: str  # one of STALL_VERDICTS
+    logged: dict = field(default_factory=dict)  # run name -> steps in its log
+    covered: dict = field(default_factory=dict)  # run name -> `progress` at matched's target
+
+    @property
+    def progress_at_matched(self) -> float | None:
+        """The mismatched run's progress (fraction of its way to -1) when the matched run reaches its target (None: it never does)."""
+        return self.covered.get("mismatched")
+
+    def slowdown(self, run: str = "mismatched") -> tuple[float, bool] | None:
+        """(steps of `run` / steps of matched, False), or (its logged steps / matched's, True): a lower bound, when `run` never arrives; None if matched never does or `run`'s log ends first."""
+        m, x = self.steps["matched"], self.steps[run]
+        if m is None:
+            return None
+        if x is not None:
+            return x / m, False
+        n = self.logged.get(run, 0)
+        return (n / m, True) if n > m else None
+
+    def slowdown_label(self, run: str = "mismatched") -> str:
+        """`slowdown(run)` as text: '3.67x', '>1.77x' for a lower bound (rounded down), '?' for none."""
+        return _times(self.slowdown(run))
 
 
 @dataclass(frozen=True)
@@ -117,6 +177,9 @@ class StallSummary:
         def show(x):
             return "-" if x is None else str(x)
 
+        def part(x):
+            return "?" if x is None else f"{x:.1%}"
+
         def pairs(key, fmt):
             return "; ".join(f"{format(getattr(s, key)[0], fmt)} / {format(getattr(s, key)[1], fmt)}"
                              for s in self.seeds)
@@ -126,7 +189,10 @@ class StallSummary:
             self.name,
             "; ".join(f"{show(s.steps['matched'])} / {show(s.steps['mismatched'])}"
                       for s in self.seeds),
-            ", ".join(s.verdict for s in self.seeds),
+            ", ".join(s.verdict if s.slowdown() is None
+                      else f"{s.verdict} ({s.slowdown_label()})" for s in self.seeds),
+            ", ".join("-" if s.steps["matched"] is None else part(s.progress_at_matched)
+                      for s in self.seeds),
             pairs("deployed", "+.5f"),
             pairs("efficiency", ".1%"),
             "; ".join(f"{s.phantom:.1%} / {s.legitimate:.1%}" for s in self.seeds),
@@ -166,6 +232,7 @@ def stall_summary(source, name: str = "stall configuration",
         runs = {**logs[seed], **{k: logs[seed][v] for k, v in pair.items()}}
         m, mm = runs["matched"], runs["mismatched"]
         steps = {n: _steps(runs[n], fraction) for n in ("matched", "mismatched", *fixes)}
+        k = steps["matched"]
         out.append(StallSeed(
             seed=seed, start=fmean(m.reward[:5]), steps=steps,
             final={n: runs[n].final_reward() for n in steps},
@@ -174,14 +241,20 @@ def stall_summary(source, name: str = "stall configuration",
                         _ratio(fmean(mm.deployed[w]), fmean(mm.moved[w]))),
             phantom=fmean(mm.phantom[e]), legitimate=fmean(mm.legitimate[e]),
             snr=fmean(mm.snr()[w][1:]),
-            verdict=_verdict(steps["matched"], steps["mismatched"])))
+            verdict=_verdict(k, steps["mismatched"], len(mm.reward)),
+            logged={n: len(runs[n].reward) for n in steps},
+            covered={} if k is None else {n: progress(runs[n], k) for n in steps
+                                           if n != "matched"}))
     return StallSummary(name, tuple(out), fixes, fraction, len(m.reward), labels)
 
 
 def source_stall_row() -> tuple[str, ...]:
-    """The source's figures (rl.SOURCE, typed from its text) in the STALL_HEADERS columns."""
+    """The source's figures (rl.SOURCE, SOURCE_REWARDS, typed from its text) in the STALL_HEADERS columns."""
     s = SOURCE
-    return ("source (Qwen3-0.6B, 100 steps)", "converges / never (-101 to -96)", "stall",
+    (m0, m1), (lo, hi) = SOURCE_REWARDS["matched"], SOURCE_REWARDS["mismatched"]
+    most = (hi - lo) / (OPTIMUM - lo)  # the most a run kept in [lo, hi] can cover
+    return ("source (Qwen3-0.6B, 100 steps)", f"converges / never ({lo:g} to {hi:g})",
+            "stall", f"<= {most:.0%} (matched: {m0:g} to {m1:g})",
             s["deployed"].value, s["efficiency"].value,
             s["phantom_step5"].value + " (step 5)", s["snr"].value, s["fixes"].value)
 

@@ -7,9 +7,9 @@ forward, memory within 2x the model's own. Each job runs in a fresh subprocess. 
 peak resident memory of one call beyond the resident memory just before it (Linux: the peak is
 reset through /proc/self/clear_refs), with the model, the batch, the optimizer and triage's
 bfloat16 copy already built: "cold" is the first call, which also pays one-time imports and JIT
-compilation (numba in precisionlab.rounding and diagnose.fused), "warm" a later call. Times: the best of 3 to 50
-runs after those two, on the wall clock and in the process's CPU time (which a loaded machine
-disturbs less).
+compilation (numba in precisionlab.rounding, diagnose.fused and diagnose.kernels), "warm" a
+later call. Times: the best of 3 to 50 runs after those two, on the wall clock and in the
+process's CPU time (which a loaded machine disturbs less).
 
     python3 benchmarks/bench_diagnose.py            # both sizes
     python3 benchmarks/bench_diagnose.py --small    # the 10^5 model only

@@ -47,9 +47,12 @@ def test_round_into_is_intervals_cast(fmt):
     np.testing.assert_array_equal(twice.lo, got.lo)
     np.testing.assert_array_equal(twice.hi, got.hi)
     # 0-d and strided arrays keep their shapes
-    assert B._directed(np.float64(1.1), fmt, -1).shape == ()
-    s = B._directed(lo.reshape(-1, 2)[:, 0], fmt, 1)
-    np.testing.assert_array_equal(s, B._directed(lo[::2].copy(), fmt, 1))
+    z = B._round_into(B._mk(np.float64(1.1), np.float64(1.1)), fmt)
+    assert z.lo.shape == () and z.lo < 1.1 < z.hi
+    s = B._round_into(B._mk(lo.reshape(-1, 2)[:, 0], hi.reshape(-1, 2)[:, 0]), fmt)
+    c = B._round_into(B._mk(lo[::2].copy(), hi[::2].copy()), fmt)
+    np.testing.assert_array_equal(s.lo, c.lo)
+    np.testing.assert_array_equal(s.hi, c.hi)
 
 
 @pytest.mark.parametrize("minus", [False, True])

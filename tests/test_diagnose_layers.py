@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from precisionlab import diagnose
 from precisionlab.diagnose import bound_ops as B
+from precisionlab.diagnose import products as P
 from precisionlab.diagnose.pairing import leaf_of
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -400,7 +401,7 @@ def test_leaf_product_bound_contains_every_exact_product(seed, k, wdt, odt, fmt,
     assert (np.abs(box.lo - t) <= lim).all() and (np.abs(box.hi - t) <= lim).all()
     x = torch.randn(4, k, generator=g).double()
     a = B._mk(x.numpy(), x.numpy() + np.abs(x.numpy()) * 2.0**-10)
-    y = B._mm(a, leaf, None, fmt, b_t=True)
+    y = P.mm(a, leaf, None, fmt, b_t=True)
     rng = np.random.default_rng(seed)
     for _ in range(3):
         wc = np.where(rng.random(t.shape) < 0.5, box.lo, box.hi)

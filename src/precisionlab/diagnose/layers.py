@@ -2,7 +2,7 @@
 scaled dot-product attention and torch's multi-head attention (kernel model: `rules`).
 
 * conv: im2col (an exact gather, zero padding exact) and one float64 matrix product per group
-  in midpoint-radius form (`_bounds.leaf_products`), the reduction length C/groups * kernel
+  in midpoint-radius form (`products.leaf_products`), the reduction length C/groups * kernel
   size in the accumulation term; the weight enters as a `Leaf`.
 * attention: scores q k^T scaled, either after the product (the fused kernels) or by sqrt(scale)
   on each operand (torch's math kernel, an extra relative error per product); the mask added
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from .. import intervals as iv
 from ..formats import get_format
 from . import bound_ops as bd
+from . import fused, kernels, products
 from .rows import softmax_rule, sum_rule
 
 # --------------------------------------------------------------------------- convolution
@@ -60,7 +61,7 @@ def conv_bound(x: iv.Interval, w, bias, stride, padding, dilation, groups: int, 
         bias = None if bias is None else bd._round_into(bias, fmt)
     k = (w.shape[1]) * int(np.prod(kern))
     g64 = bd._gamma(k + 4, 2.0**-53)
-    xm, xr = bd._midrad(x, g64)
+    xm, xr = products.midrad(x, g64)
     if not batched:
         xm, xr = xm[None], xr[None]
     if nd == 1:  # as a conv2d of height 1
@@ -84,24 +85,25 @@ def conv_bound(x: iv.Interval, w, bias, stride, padding, dilation, groups: int, 
             for t in (xm, xr)]  # (N, L, C kh kw): an exact gather
     o = w.shape[0]
     og, ck = o // groups, k
-    rr = w.radius(fmt) if isinstance(w, bd.Leaf) else None
+    rr = w.radius(fmt) if isinstance(w, products.Leaf) else None
     if rr is not None:
         wm, wr = w.t.reshape(o, ck), None
     else:
-        box = w.box() if isinstance(w, bd.Leaf) else w
+        box = w.box() if isinstance(w, products.Leaf) else w
         box = bd._round_into(box, fmt) if fmt != "float64" else box
-        wm, wr = (z.reshape(o, ck) for z in bd._midrad(box, g64))
+        wm, wr = (z.reshape(o, ck) for z in products.midrad(box, g64))
     parts = []
     with np.errstate(invalid="ignore", over="ignore"):
         for g in range(groups):
             am, ar = (c[..., g * ck:(g + 1) * ck] for c in cols)
             if wr is None:
-                parts.append(bd.leaf_products(am, ar, wm[g * og:(g + 1) * og], *rr, g64, w_t=True))
+                parts.append(products.leaf_products(am, ar, wm[g * og:(g + 1) * og], *rr, g64,
+                                                    w_t=True))
             else:
-                parts.append(bd.box_products(am, ar, wm[g * og:(g + 1) * og].T,
+                parts.append(products.box_products(am, ar, wm[g * og:(g + 1) * og].T,
                                              wr[g * og:(g + 1) * og].T, g64))
         pm, pr, s = (torch.cat([p[i] for p in parts], dim=-1) for i in range(3))
-    lo, hi = bd.close_products(pm, pr, s, k, bias, fmt, g64)  # (N, L, O)
+    lo, hi = products.close_products(pm, pr, s, k, bias, fmt, g64)  # (N, L, O)
     shape = (lo.shape[0], o, *(n_out if nd == 2 else n_out[1:]))
     lo, hi = (np.moveaxis(z, -1, 1).reshape(shape) for z in (lo, hi))
     if not batched:
@@ -132,9 +134,11 @@ def _add_mask(s: iv.Interval, mask, get, fmt: str) -> iv.Interval:
 
 
 def _amax(x: iv.Interval) -> float:
-    with np.errstate(invalid="ignore"):
-        m = float(np.max(np.maximum(np.abs(x.lo), np.abs(x.hi)), initial=0.0))
-    return m if np.isfinite(m) else math.inf
+    """max |v| over the box (lo <= hi: max(-min lo, max hi, 0)); inf when not finite."""
+    if not x.lo.size:
+        return 0.0
+    m = max(-float(x.lo.min()), float(x.hi.max()), 0.0)
+    return m if math.isfinite(m) else math.inf
 
 
 def _swap(x: iv.Interval) -> iv.Interval:
@@ -159,19 +163,25 @@ def attention_bound(q, k, v, mask, get, causal: bool, scale, fmt: str, cpu: bool
     inner = "float32" if cpu and bd._reduced(fmt) else fmt
     f = get_format(inner)
     u = f.unit_roundoff if inner != "float64" else 0.0
-    s = bd._mm(q, _swap(k), None, inner, operand_rel=3 * u)
-    sc = bd._mk(float(scale * (1 - 2.0**-52)), float(scale * (1 + 2.0**-52)))
-    s = bd._finish(bd._mul_iv(s, sc), inner, 1.0)
+    s = products.mm(q, _swap(k), None, inner, operand_rel=3 * u)
+    sc = (float(scale * (1 - 2.0**-52)), float(scale * (1 + 2.0**-52)))
+    tiny = 0.0
     if u:
         tiny = q.shape[-1] * f.min_subnormal * (1 + _amax(q) + _amax(k))
-        s = bd._widen_abs(s, tiny * max(1.0, math.sqrt(abs(scale))))
+        tiny = tiny * max(1.0, math.sqrt(abs(scale)))
+    lo, hi = np.empty(s.shape), np.empty(s.shape)  # times the scale (`_mul_iv`), one pass
+    kernels.scaled(fused.flat(s.lo), fused.flat(s.hi), min(sc), max(sc), lo.reshape(-1),
+                   hi.reshape(-1))
+    s = bd._finish(bd._mk(lo, hi), inner, 1.0)
+    if tiny:
+        s = bd._widen_abs(s, tiny)
     if causal:
         keep = np.tril(np.ones(s.shape[-2:], dtype=bool))
-        s = bd._mk(np.where(keep, s.lo, -np.inf), np.where(keep, s.hi, -np.inf))
+        s = bd._bare(np.where(keep, s.lo, -np.inf), np.where(keep, s.hi, -np.inf))
     p = softmax_rule(_add_mask(s, mask, get, inner), -1, inner)
     if inner == fmt:
-        return bd._mm(p, v, None, fmt)
-    return bd._round_into(bd._mm(bd._widen_rel(p, 1.0, fmt), v, None, inner), fmt)
+        return products.mm(p, v, None, fmt)
+    return bd._round_into(products.mm(bd._widen_rel(p, 1.0, fmt), v, None, inner), fmt)
 
 
 def _dropout_error(what: str, when: str = "in training mode",
@@ -203,8 +213,8 @@ _MHA = inspect.signature(F.multi_head_attention_forward)
 
 def _project(x: iv.Interval, w, b, rows: slice, fmt: str) -> iv.Interval:
     """x W[rows]^T + b[rows] (W a Leaf or an Interval)."""
-    wr = w.part(rows) if isinstance(w, bd.Leaf) else w[rows]
-    return bd._mm(x, wr, None if b is None else b[rows], fmt, b_t=True)
+    wr = w.part(rows) if isinstance(w, products.Leaf) else w[rows]
+    return products.mm(x, wr, None if b is None else b[rows], fmt, b_t=True)
 
 
 def _mha_mask(p, get, N: int, h: int, L: int, S: int, fmt: str):
@@ -257,7 +267,7 @@ def _r_mha(rec, get, fmt):
     hd = E // h
     bias = get(p["in_proj_bias"]) if bd._is_t(p["in_proj_bias"]) else None
     if p["use_separate_proj_weight"]:
-        q, k, v = (bd._mm(x, bd.lazy(get, p[f"{n}_proj_weight"]),
+        q, k, v = (products.mm(x, bd.lazy(get, p[f"{n}_proj_weight"]),
                        None if bias is None else bias[i * E:(i + 1) * E], fmt, b_t=True)
                    for i, (x, n) in enumerate(zip((q, k, v), "qkv", strict=True)))
     else:
@@ -275,9 +285,9 @@ def _r_mha(rec, get, fmt):
     else:
         causal = False
     if p["need_weights"]:  # q scaled, baddbmm(mask, q, k^T), softmax, bmm
-        s = bd._mm(_scaled(q, math.sqrt(1.0 / float(hd)), fmt), _swap(k), mask, fmt)
+        s = products.mm(_scaled(q, math.sqrt(1.0 / float(hd)), fmt), _swap(k), mask, fmt)
         w8 = softmax_rule(s, -1, fmt)
-        o = bd._mm(w8, v, None, fmt)
+        o = products.mm(w8, v, None, fmt)
     else:  # scaled_dot_product_attention on (N, h, n, hd), the mask as (N, h, L, S) or (1, 1, L, S)
         if mask is not None:
             shape = (1, 1, *mask.shape[1:]) if mask.shape[0] == 1 else (N, h, *mask.shape[1:])
@@ -288,7 +298,7 @@ def _r_mha(rec, get, fmt):
         o = bd._mk(o4.lo.reshape(N * h, L, hd), o4.hi.reshape(N * h, L, hd))
     o = bd._mk(*(t.swapaxes(0, 1).reshape(L, N, E) for t in (o.lo, o.hi)))
     ob = p["out_proj_bias"]
-    out = bd._mm(o, bd.lazy(get, p["out_proj_weight"]), get(ob) if bd._is_t(ob) else None, fmt,
+    out = products.mm(o, bd.lazy(get, p["out_proj_weight"]), get(ob) if bd._is_t(ob) else None, fmt,
                  b_t=True)
     if not batched:
         out = bd._mk(out.lo[:, 0], out.hi[:, 0])

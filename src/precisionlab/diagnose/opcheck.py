@@ -8,12 +8,14 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from .. import intervals as iv
 from . import bound_ops as bd
 from . import fused
 
-__all__ = ["OpCheck", "check", "check_any", "check_inside", "hull", "union"]
+__all__ = ["OpCheck", "check", "check_any", "check_hull", "check_inside", "check_values", "hull",
+           "union", "values"]
 
 
 @dataclass(frozen=True)
@@ -63,23 +65,79 @@ def hull(a: np.ndarray, b: np.ndarray) -> iv.Interval:
     return bd._mk(np.minimum(a, b), np.maximum(a, b))
 
 
+def values(ref: torch.Tensor, tgt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Two programs' values at an operation as NumPy arrays of one type: float64 when either is
+    float64, else float32 (exact for float16 and bfloat16)."""
+    dt = torch.float64 if torch.float64 in (ref.dtype, tgt.dtype) else torch.float32
+    return bd.as_numpy(ref, dt), bd.as_numpy(tgt, dt)
+
+
+def check_values(index, op, bound: iv.Interval, ref: torch.Tensor, tgt: torch.Tensor,
+                 exact: bool, keep: bool) -> tuple[OpCheck, iv.Interval | None]:
+    """`check` of the two programs' tensors, and (keep) their `hull`, in one compiled pass."""
+    r, t = values(ref, tgt)
+    lo, hi = bound.lo, bound.hi
+    if not (lo.size and lo.shape == hi.shape == r.shape == t.shape):
+        r, t = r.astype(np.float64), t.astype(np.float64)
+        return check(index, op, bound, r, t, exact), (hull(t, r) if keep else None)
+    h_lo, h_hi = (np.empty(r.shape), np.empty(r.shape)) if keep else (_NONE, _NONE)
+    flat, m, w = fused.inside_worst(fused.flat(lo), fused.flat(hi), _flat(r), _flat(t), keep,
+                                    h_lo.reshape(-1), h_hi.reshape(-1))
+    if flat >= 0:  # every value inside, none NaN: the hull needs no check
+        return _inside(index, op, lo, hi, r, t, exact, flat, m, w), (
+            bd._bare(h_lo, h_hi) if keep else None)
+    return check_any(index, op, lo, hi, r, t, exact), (bd._mk(h_lo, h_hi) if keep else None)
+
+
+_NONE = np.zeros(1)
+
+
+def check_hull(index, op, ref: torch.Tensor, tgt: torch.Tensor) -> tuple[OpCheck, iv.Interval]:
+    """`check_values` where the bound is the hull of the two programs' values (an exact operation
+    on paired inputs: the same gather of their hull), and that hull, in one compiled pass."""
+    r, t = values(ref, tgt)
+    h_lo, h_hi = np.empty(r.shape), np.empty(r.shape)
+    if not h_lo.size:
+        b = bd._bare(h_lo, h_hi)
+        return check(index, op, b, r.astype(np.float64), t.astype(np.float64), True), b
+    # the kernel writes the hull before it reads the bound
+    flat, m, w = fused.inside_worst(h_lo.reshape(-1), h_hi.reshape(-1), _flat(r), _flat(t), True,
+                                    h_lo.reshape(-1), h_hi.reshape(-1))
+    if flat >= 0:
+        return _inside(index, op, h_lo, h_hi, r, t, True, flat, m, w), bd._bare(h_lo, h_hi)
+    b = bd._mk(h_lo, h_hi)
+    return check_any(index, op, b.lo, b.hi, r, t, True), b
+
+
+def _inside(index, op, lo, hi, ref, tgt, exact, flat, m, w) -> OpCheck:
+    """The Type-I check from `fused.inside_worst`'s worst entry (flat index), margin and width."""
+    el = np.unravel_index(flat, lo.shape) if lo.shape else ()
+    return OpCheck(index, op, "Type-I", 0, int(lo.size), tuple(int(i) for i in el),
+                   math.inf if math.isnan(m) else m, w, float(lo[el]), float(hi[el]),
+                   float(ref[el]), float(tgt[el]), 0, exact)
+
+
 def check(index, op, bound: iv.Interval, ref: np.ndarray, tgt: np.ndarray,
-           exact: bool = False) -> OpCheck:
+          exact: bool = False) -> OpCheck:
     """The reference against the target's bound: outside count, worst element, margin, width."""
     lo, hi = bound.lo, bound.hi
     if lo.size and lo.shape == hi.shape == ref.shape == tgt.shape:
-        flat, m, w = fused.inside_worst(fused.flat(lo), fused.flat(hi), fused.flat(ref),
-                                        fused.flat(tgt))
+        flat, m, w = fused.inside_worst(fused.flat(lo), fused.flat(hi), _flat(ref), _flat(tgt),
+                                        False, _NONE, _NONE)
         if flat >= 0:  # `check_inside`'s values, in one compiled pass
-            el = np.unravel_index(flat, lo.shape) if lo.shape else ()
-            return OpCheck(index, op, "Type-I", 0, int(lo.size), tuple(int(i) for i in el),
-                           math.inf if math.isnan(m) else m, w, float(lo[el]), float(hi[el]),
-                           float(ref[el]), float(tgt[el]), 0, exact)
+            return _inside(index, op, lo, hi, ref, tgt, exact, flat, m, w)
         return check_any(index, op, lo, hi, ref, tgt, exact)
     with np.errstate(invalid="ignore"):
         if ((np.minimum(ref, tgt) >= lo) & (np.maximum(ref, tgt) <= hi)).all():  # NaN: False
             return check_inside(index, op, lo, hi, ref, tgt, exact)
     return check_any(index, op, lo, hi, ref, tgt, exact)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    """a as a C-contiguous 1-D array of its own type (float32 or float64)."""
+    if a.dtype == np.float32:
+        return np.ascontiguousarray(a).reshape(-1)
+    return fused.flat(a)
 
 
 def check_any(index, op, lo, hi, ref, tgt, exact) -> OpCheck:

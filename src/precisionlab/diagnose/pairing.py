@@ -10,9 +10,11 @@ import torch
 from .. import intervals as iv
 from ..formats import get_format
 from . import bound_ops as bd
+from .products import Leaf
 
 _IGNORED = (torch.dtype, torch.device, torch.layout, torch.memory_format)
 _RANK = {"float64": 3, "float32": 2, "bfloat16": 1, "float16": 1}
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _coarser(a: str, b: str) -> list:
@@ -55,7 +57,7 @@ def _unit(fmt: str) -> tuple[float, float]:
     return f.unit_roundoff, f.min_subnormal
 
 
-def leaf_of(t: torch.Tensor, other: torch.Tensor | None, ref_fmts: set) -> bd.Leaf:
+def leaf_of(t: torch.Tensor, other: torch.Tensor | None, ref_fmts: set) -> Leaf:
     """A target leaf as a `Leaf`: its box joined with the paired reference leaf `other`
     (`_join` of both `leaf`s), or, unpaired, `_leaf_wide`; with |x - t| <= rho |t| + tau over
     that box. Own box: u_f |t| + q_f / 2. Paired, the finer value rounds to the coarser in
@@ -75,7 +77,7 @@ def leaf_of(t: torch.Tensor, other: torch.Tensor | None, ref_fmts: set) -> bd.Le
 
         def make(index):
             a, b = (t, other) if index is None else (t[index], other[index])
-            return _join(bd.leaf(a), bd.leaf(b))
+            return bd.leaf(a, b)
     else:
         wide = [f for f in ref_fmts if f != own and _RANK[f] <= _RANK[own] and f != "float64"]
         fmts.update(wide)
@@ -87,7 +89,7 @@ def leaf_of(t: torch.Tensor, other: torch.Tensor | None, ref_fmts: set) -> bd.Le
 
         def make(index):
             return _leaf_wide(t if index is None else t[index], ref_fmts)
-    return bd.Leaf(t, rho, tau, frozenset(fmts), make)
+    return Leaf(t, rho, tau, frozenset(fmts), make)
 
 
 def _literal(x) -> str:
@@ -112,6 +114,17 @@ def _items(obj, out: list) -> list:
     return out
 
 
+def _call_items(rec) -> list:
+    """`_items` of a call's positional arguments (as a list), then of its keyword arguments."""
+    out = [("seq", len(rec.args))]
+    for o in rec.args:
+        if isinstance(o, (list, tuple, dict)):
+            _items(o, out)
+        else:
+            out.append(o)
+    return _items(dict(rec.kwargs), out) if rec.kwargs else out
+
+
 def _leaves_agree(x: torch.Tensor, y: torch.Tensor) -> bool:
     """Two leaf tensors hold the same values up to one rounding into the coarser format."""
     if x is y:
@@ -124,6 +137,9 @@ def _leaves_agree(x: torch.Tensor, y: torch.Tensor) -> bool:
     if _RANK[fx] == _RANK[fy] and fx != fy:
         return False
     a, b = x.detach().to(dt).cpu(), y.detach().to(dt).cpu()
+    bits = _BITS[a.element_size()]  # equal bit patterns: equal values, or NaN in both
+    if a.view(bits).numpy().tobytes() == b.view(bits).numpy().tobytes():
+        return True
     return bool(torch.equal(a, b) or (torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
                 and torch.equal(a.isnan(), b.isnan())))
 
@@ -131,8 +147,7 @@ def _leaves_agree(x: torch.Tensor, y: torch.Tensor) -> bool:
 def _same_call(rec, p, corr: dict):
     """(same, why, leaf pairs): whether the target's call rec computes the expression of the
     reference's call p; why names the first differing argument when the float inputs agree."""
-    a = _items(list(rec.args), []) + _items(dict(rec.kwargs), [])
-    b = _items(list(p.args), []) + _items(dict(p.kwargs), [])
+    a, b = _call_items(rec), _call_items(p)
     if len(a) != len(b):
         return False, "", {}
     pairs, why = {}, ""

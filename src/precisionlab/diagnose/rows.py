@@ -10,6 +10,7 @@ import torch
 
 from .. import intervals as iv
 from ..formats import get_format
+from . import fused, kernels
 from .bound_ops import (
     _REL,
     _TINY,
@@ -21,15 +22,14 @@ from .bound_ops import (
     _internal,
     _is_t,
     _mk,
-    _mul_iv,
     _nan_where,
     _reduced,
     _round_into,
-    _square,
     _u_out,
     _up,
     _whole,
     _widen_abs,
+    rounding,
 )
 
 # --------------------------------------------------------------------------- softmax family
@@ -49,19 +49,6 @@ def _lse_parts(x: iv.Interval):
     return c, e_lo, e_hi, s_lo, s_hi
 
 
-def _softmax_exact(x: iv.Interval) -> iv.Interval:
-    """s_i in [e^lo_i / (e^lo_i + sum_(j!=i) e^hi_j), e^hi_i / (e^hi_i + sum_(j!=i) e^lo_j)]."""
-    _, e_lo, e_hi, s_lo, s_hi = _lse_parts(x)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        other_hi = np.maximum(s_hi - e_lo, 0.0) * (1 + 2.0**-50) + _TINY  # >= sum_(j != i) e^hi_j
-        other_lo = np.maximum(s_lo - e_hi, 0.0) * (1 - 2.0**-50)
-        lo = e_lo / (e_lo + other_hi) * (1 - 2.0**-50)
-        hi = e_hi / (e_hi + other_lo) * (1 + 2.0**-50)
-    lo = np.where(np.isnan(lo), 0.0, lo)
-    hi = np.where(np.isnan(hi), 1.0, hi)
-    return _mk(np.clip(lo, 0, 1), np.clip(hi, 0, 1))
-
-
 def _log_softmax_exact(x: iv.Interval) -> iv.Interval:
     """log s_i in [lo_i - c - log S_hi', hi_i - c - log S_lo'] over the box."""
     c, e_lo, e_hi, s_lo, s_hi = _lse_parts(x)
@@ -76,6 +63,9 @@ def _log_softmax_exact(x: iv.Interval) -> iv.Interval:
 
 
 def _moved(x: iv.Interval, dim: int, fn) -> iv.Interval:
+    """fn applied along axis dim (moved last and back)."""
+    if x.ndim and dim % x.ndim == x.ndim - 1:
+        return fn(x)
     lo, hi = np.moveaxis(x.lo, dim, -1), np.moveaxis(x.hi, dim, -1)
     y = fn(_mk(lo, hi))
     return _mk(np.moveaxis(y.lo, -1, dim), np.moveaxis(y.hi, -1, dim))
@@ -111,12 +101,23 @@ def softmax_rule(x, dim, fmt, log=False):
 
     def fn(z):
         # x - max rounded in the internal format: e^x off by u |x - max| relative, i.e. the
-        # softmax of an input moved by that much
+        # softmax of an input moved by that much: the box widened by 2 u (max hi - lo), then s_i
+        # in [e^lo_i / (e^lo_i + sum_(j!=i) e^hi_j), e^hi_i / (e^hi_i + sum_(j!=i) e^lo_j)], in
+        # compiled passes (`kernels.softmax_in`, `softmax_out`) around NumPy's exponentials
+        if not z.lo.size:
+            return z
         u = get_format(_internal(fmt)).unit_roundoff
+        a, b = np.empty(z.shape), np.empty(z.shape)
+        rows = np.empty(z.lo.size // n, dtype=bool)
+        lo, hi = np.empty(z.shape), np.empty(z.shape)
+        kernels.softmax_in(fused.flat(z.lo), fused.flat(z.hi), n, 2 * u, a.reshape(-1),
+                           b.reshape(-1), rows)
         with np.errstate(invalid="ignore", over="ignore"):
-            r = 2 * u * (np.max(z.hi, -1, keepdims=True) - z.lo)
-        r = np.where(z.hi == -np.inf, 0.0, np.fmin(r, np.inf))
-        return _nan_where(_softmax_exact(_widen_abs(z, r)), _row_nan(z))
+            np.exp(a, out=a)
+            np.exp(b, out=b)
+        kernels.softmax_out(a.reshape(-1), b.reshape(-1), n, _gamma(n + 2, 2.0**-53), _REL, _TINY,
+                            rows, lo.reshape(-1), hi.reshape(-1))
+        return _mk(lo, hi)
     y = _moved(x, dim, fn)
     nan = _whole(y)
     y = _finish(y, fmt, n + 4, extra=2.0)
@@ -129,53 +130,28 @@ def softmax_rule(x, dim, fmt, log=False):
 def _norm_rule(x: iv.Interval, nshape, w, b, eps, fmt: str, rms: bool = False):
     """Layer / RMS norm over the trailing nshape axes; eps a number or an interval (lo, hi).
     Kernel model: moments in float32 (any order), the absolute error below; a float16/bfloat16
-    result may keep x-hat, x-hat w and the sum with b in its format (2 u of each more)."""
+    result may keep x-hat, x-hat w and the sum with b in its format (2 u of each more).
+
+    Per row, in float64 stepped outward (`kernels.norm_rows`): the mean's interval from the
+    sums of lo and hi, slack gamma_(n+4) sum |x| / n; d = x - mean; the variance from d's squares
+    (gamma_(n+4) relative); 1 / sqrt(var + eps) (gamma relative); y = d r (w) (+ b), widened
+    by u ((2 n + 16) max|x| r_hi |w| + 4 |y| + 2 |b|) + 2 u_fmt (2 |x-hat| |w| + |b| + |y|);
+    rounded outward into fmt. A row with an infinite end, or whose squares may overflow the
+    internal format (4 n max|x|^2 >= its largest finite), is the whole line."""
     eps_lo, eps_hi = (eps, eps) if np.isscalar(eps) else eps
     k = len(nshape)
-    lead = x.shape[: x.ndim - k]
     n = math.prod(nshape) if k else 1
-    lo, hi = x.lo.reshape(*lead, n), x.hi.reshape(*lead, n)
     g = _gamma(n + 4, 2.0**-53)
-    if rms:
-        d = _mk(lo, hi)
-    else:
-        m_lo = np.sum(lo, -1, keepdims=True) / n
-        m_hi = np.sum(hi, -1, keepdims=True) / n
-        sl = np.sum(np.abs(lo), -1, keepdims=True) / n + np.sum(np.abs(hi), -1, keepdims=True) / n
-        m_lo, m_hi = _dn(m_lo - g * sl), _up(m_hi + g * sl)
-        d = _mk(_dn(lo - m_hi), _up(hi - m_lo))
-    sq = _square(d)
-    v_lo = _dn(np.sum(sq.lo, -1, keepdims=True) / n * (1 - g))
-    v_hi = _up(np.sum(sq.hi, -1, keepdims=True) / n * (1 + g))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r_hi = _up(1.0 / np.sqrt(_dn(np.maximum(v_lo, 0.0) + eps_lo)) * (1 + g))
-        r_lo = _dn(1.0 / np.sqrt(_up(v_hi + eps_hi)) * (1 - g))
-    r_lo = np.where(np.isnan(r_lo), 0.0, r_lo)
-    y = _mul_iv(d, _mk(r_lo, r_hi))
-    xmax = np.max(np.maximum(np.abs(lo), np.abs(hi)), -1, keepdims=True)
-    xhat = np.maximum(np.abs(y.lo), np.abs(y.hi))  # |x-hat| before the affine part
-    wabs = 1.0
-    if w is not None:
-        wi = _mk(w.lo.reshape(n), w.hi.reshape(n))
-        y = _mul_iv(y, wi)
-        wabs = np.maximum(np.abs(wi.lo), np.abs(wi.hi))
-    babs = 0.0
-    if b is not None:
-        bi = _mk(b.lo.reshape(n), b.hi.reshape(n))
-        y = _mk(_dn(y.lo + bi.lo), _up(y.hi + bi.hi))
-        babs = np.maximum(np.abs(bi.lo), np.abs(bi.hi))
-    u = get_format(_internal(fmt)).unit_roundoff
-    yabs = np.maximum(np.abs(y.lo), np.abs(y.hi))
-    uf = _u_out(fmt)
-    with np.errstate(invalid="ignore", over="ignore"):
-        r = u * ((2 * n + 16) * xmax * r_hi * wabs + 4 * yabs + 2 * babs)
-        r = r + 2 * uf * (2 * xhat * wabs + babs + yabs)
-    y = _widen_abs(y, np.fmin(r, np.inf))
-    y = _round_into(y, fmt)  # into float32, then fmt: the same bounds
-    big = 4 * n * xmax**2 >= get_format(_internal(fmt)).max_finite  # squares may overflow
-    nan = (_whole(_mk(lo, hi)) | np.isinf(lo) | np.isinf(hi)).any(-1, keepdims=True) | big
-    y = _nan_where(y, nan)  # an infinite or unknown entry makes the row NaN
-    return _mk(y.lo.reshape(x.shape), y.hi.reshape(x.shape))
+    none = np.zeros(1)
+    wlo, whi = (none, none) if w is None else (fused.flat(w.lo), fused.flat(w.hi))
+    blo, bhi = (none, none) if b is None else (fused.flat(b.lo), fused.flat(b.hi))
+    lo, hi = np.empty(x.shape), np.empty(x.shape)
+    kernels.norm_rows(fused.flat(x.lo), fused.flat(x.hi), lo.size // n, n, rms, float(eps_lo),
+                      float(eps_hi), w is not None, wlo, whi, b is not None, blo, bhi, g,
+                      get_format(_internal(fmt)).unit_roundoff, _u_out(fmt),
+                      get_format(_internal(fmt)).max_finite,
+                      *rounding(fmt), lo.reshape(-1), hi.reshape(-1))
+    return _mk(lo, hi)
 
 
 def sum_rule(x: iv.Interval, dim, keepdim: bool, fmt: str, mean: bool):

@@ -41,19 +41,19 @@ import torch
 
 from .. import intervals as iv
 from ..formats import get_format
+from . import fused
 from .bound_ops import (
     _FN_ULPS,
-    Leaf,
     UnsupportedOperation,
     _add_finite,
     _arg,
+    _bare,
     _finish,
     _finite,
     _gelu64,
     _internal,
     _is_t,
     _mk,
-    _mm,
     _mono,
     _mul_iv,
     _nan_where,
@@ -61,16 +61,17 @@ from .bound_ops import (
     _scalar,
     _square,
     _t,
-    _unimodal,
     _whole,
-    _widen_abs,
     lazy,
     leaf,
+    rounding,
+    unary_bound,
 )
 from .layers import LAYER_RULES
+from .products import Leaf, mm
 from .rows import rule_cross_entropy, rule_layer_norm, rule_rms_norm, rule_softmax, rule_sum
 
-__all__ = ["EXACT", "RULES", "UnsupportedOperation", "bound", "leaf", "supported"]
+__all__ = ["EXACT", "FILLS", "RULES", "UnsupportedOperation", "bound", "leaf", "supported"]
 
 
 # --------------------------------------------------------------------------- the rule table
@@ -87,14 +88,21 @@ _CASTS = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloa
           "double": torch.float64}
 
 
+_WRITES = frozenset({"masked_fill_", "__setitem__", "copy_", "fill_", "zero_"})
+FILLS = frozenset({"masked_fill", "masked_fill_", "pad", "__setitem__", "copy_", "fill_"})
+
+
 def _apply_exact(rec, get, fmt_out):
-    """Run the operation on the lower bounds, then on the upper bounds (float64 tensors)."""
+    """Run the operation on the lower bounds, then on the upper bounds (float64 tensors; copies
+    for an in-place operation, else views of the bounds, which no rule writes into)."""
     los, his = {}, {}
+    write = rec.name in _WRITES
 
     def sub(obj, which):
         if _is_t(obj) and obj.is_floating_point():
             b = get(obj)
-            return _t(b.lo if which == "lo" else b.hi).clone()
+            t = _t(b.lo if which == "lo" else b.hi)
+            return t.clone() if write else t
         if isinstance(obj, (list, tuple)):
             return type(obj)(sub(o, which) for o in obj)
         return obj
@@ -108,10 +116,14 @@ def _apply_exact(rec, get, fmt_out):
     if _is_t(lo):
         lo, hi = [lo], [hi]
     outs = []
+    fills = rec.name in FILLS
     for a, b in zip(lo, hi, strict=True):
-        y = _mk(np.minimum(a.numpy(), b.numpy()), np.maximum(a.numpy(), b.numpy()))
-        fills = ("masked_fill", "masked_fill_", "pad", "__setitem__", "copy_", "fill_")
-        outs.append(_round_into(y, fmt_out) if rec.name in fills else y)
+        a, b = a.numpy(), b.numpy()
+        if not fills:  # the same gather of ordered ends: ordered, no NaN
+            outs.append(_bare(a, b))
+            continue
+        y = _bare(a, b) if (a <= b).all() else _mk(np.minimum(a, b), np.maximum(a, b))
+        outs.append(_round_into(y, fmt_out))
     return outs
 
 
@@ -132,6 +144,10 @@ def _binary(name):
             B = _mul_iv(B, _mk(float(alpha), float(alpha)))
         op = name.strip("_").removeprefix("r").removeprefix("i").rstrip("_")
         inner = _internal(fmt)
+        if op in ("add", "sub", "subtract"):
+            y = _add_fused(A, B, op != "add", fmt)
+            if y is not None:
+                return [y]
         if op in ("add", "sub", "subtract") and _finite(A) and _finite(B):
             return [_round_into(_add_finite(A, B, op != "add", inner), fmt)]
         if op in ("add",):
@@ -146,10 +162,24 @@ def _binary(name):
     return rule
 
 
+def _add_fused(A: iv.Interval, B: iv.Interval, minus: bool, fmt: str) -> iv.Interval | None:
+    """`_add_finite` into the internal format and rounded into fmt in one compiled pass (the same
+    bounds: float16/bfloat16 values nest in float32's); None where an end is not finite."""
+    alo, ahi, blo, bhi = A.lo, A.hi, B.lo, B.hi
+    if not (alo.shape == ahi.shape == blo.shape == bhi.shape):
+        alo, ahi, blo, bhi = np.broadcast_arrays(alo, ahi, blo, bhi)
+    lo, hi = np.empty(alo.shape), np.empty(alo.shape)
+    ok = fused.add_out(*(fused.flat(z) for z in (alo, ahi, blo, bhi)), minus, *rounding(fmt),
+                       lo.reshape(-1), hi.reshape(-1))
+    if ok < 0:
+        return None
+    return _bare(lo, hi) if ok else _mk(lo, hi)
+
+
 def _r_linear(rec, get, fmt):
     x, w = get(rec.args[0]), lazy(get, _arg(rec.args, rec.kwargs, 1, "weight"))
     b = _arg(rec.args, rec.kwargs, 2, "bias")
-    return [_mm(x, w, get(b) if _is_t(b) else None, fmt, b_t=True)]
+    return [mm(x, w, get(b) if _is_t(b) else None, fmt, b_t=True)]
 
 
 def _r_matmul(rec, get, fmt):
@@ -158,14 +188,14 @@ def _r_matmul(rec, get, fmt):
     if A.ndim < 2 or B.ndim < 2:
         raise UnsupportedOperation("triage bounds matmul of operands with >= 2 axes; got shapes "
                                    f"{A.shape} and {B.shape}")
-    return [_mm(A, B, None, fmt)]
+    return [mm(A, B, None, fmt)]
 
 
 def _r_addmm(rec, get, fmt):
     bias, a, b = (get(t) for t in rec.args[:3])
     if rec.kwargs.get("beta", 1) != 1 or rec.kwargs.get("alpha", 1) != 1:
         raise UnsupportedOperation("triage bounds addmm/baddbmm with alpha = beta = 1 only")
-    return [_mm(a, b, bias, fmt)]
+    return [mm(a, b, bias, fmt)]
 
 
 def _r_embedding(rec, get, fmt):
@@ -178,14 +208,6 @@ def _r_embedding(rec, get, fmt):
     return [_mk(w.lo[i], w.hi[i])]
 
 
-def _flushes(x: iv.Interval, y: iv.Interval, fmt: str) -> iv.Interval:
-    """sigmoid / SiLU as 1 / (1 + e^-x): where e^-x may overflow the internal format, the kernel
-    returns 0 for a tiny nonzero exact value; y widened to include 0 there."""
-    t = -(math.log(get_format(_internal(fmt)).max_finite) - 1.0)
-    low = x.lo < t
-    return _mk(np.where(low, np.minimum(y.lo, 0.0), y.lo), np.where(low, np.maximum(y.hi, 0.0), y.hi))
-
-
 def _negative(x: iv.Interval) -> np.ndarray:
     """Elements whose argument may be < 0 (sqrt, log, rsqrt give NaN there) or unknown."""
     return (x.lo < 0) | np.isnan(x.lo)
@@ -193,32 +215,23 @@ def _negative(x: iv.Interval) -> np.ndarray:
 
 def _r_unary(fn, ulps, kind="mono", xmin=None, flush=False, domain=False):
     def rule(rec, get, fmt):
-        x = get(rec.args[0])
-        if kind == "mono":
-            y = _mono(x, fn)
-        elif kind == "dec":
-            y = _mono(x, fn, increasing=False)
-        else:
-            y = _unimodal(x, fn, xmin)
-        y = _finish(y, fmt, ulps)
-        if flush:
-            y = _flushes(x, y, fmt)
-        return [_nan_where(y, (_negative(x) if domain else False) | _whole(x))]
+        # sigmoid / SiLU as 1 / (1 + e^-x): where e^-x may overflow the internal format, the
+        # kernel returns 0 for a tiny nonzero exact value: 0 included there
+        t = -(math.log(get_format(_internal(fmt)).max_finite) - 1.0) if flush else -math.inf
+        return [unary_bound(get(rec.args[0]), fn, fmt, ulps, {"mono": 0, "dec": 1}.get(kind, 2),
+                            xmin or 0.0, flush=t, domain=domain)]
     return rule
 
 
 def _r_gelu(rec, get, fmt):
     approx = _arg(rec.args, rec.kwargs, 1, "approximate", "none")
-    x = get(rec.args[0])
-    y = _unimodal(x, _gelu64(approx), -0.7517916243)
-    # x Phi(x) with Phi = (1 + erf(x / sqrt 2)) / 2: Phi's absolute error (cancellation for
-    # x < 0) times |x|, beside the relative budget
     inner = get_format(_internal(fmt))
-    y = _widen_abs(y, 8 * inner.unit_roundoff * np.maximum(np.abs(x.lo), np.abs(x.hi)))
-    y = _finish(y, fmt, _FN_ULPS + (4 if approx == "tanh" else 0))
-    # x (1 + erf(x / sqrt 2)) / 2 overflows before the halving when x > max / 2
-    y = _mk(y.lo, np.where(x.hi >= inner.max_finite / 2, np.inf, y.hi))
-    return [_nan_where(y, _whole(x))]
+    # x Phi(x) with Phi = (1 + erf(x / sqrt 2)) / 2: Phi's absolute error (cancellation for
+    # x < 0) times |x|, beside the relative budget; x (1 + erf(x / sqrt 2)) / 2 overflows
+    # before the halving when x > max / 2
+    return [unary_bound(get(rec.args[0]), _gelu64(approx), fmt,
+                        _FN_ULPS + (4 if approx == "tanh" else 0), 2, -0.7517916243,
+                        8 * inner.unit_roundoff, inner.max_finite / 2)]
 
 
 def _r_relu(rec, get, fmt):

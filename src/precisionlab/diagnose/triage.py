@@ -41,6 +41,7 @@ torch (item, tolist, float) raises UnsupportedOperation.
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,11 +54,10 @@ from .. import intervals as iv
 from ..tables import Table
 from . import bound_ops as bd
 from . import rules as R
-from .opcheck import OpCheck, check, hull, union
+from .opcheck import OpCheck, check_hull, check_values, union
 from .pairing import (
     _coarser,
     _coarsest,
-    _join,
     _leaf_wide,
     _same_call,
     _unknown_choice,
@@ -69,6 +69,7 @@ __all__ = ["OpCheck", "TriageReport", "UnsupportedOperation", "trace", "triage"]
 
 UnsupportedOperation = R.UnsupportedOperation
 _MATMULS = ("linear", "matmul", "mm", "bmm")
+_SMALL = 4096  # paired vectors up to this size get their boxes in one batch
 _CREATE = frozenset({"zeros", "ones", "full", "arange", "tensor", "as_tensor", "zeros_like",
                      "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "new_tensor",
                      "empty", "empty_like", "new_empty", "eye", "linspace", "scalar_tensor"})
@@ -144,22 +145,23 @@ class _Trace:
     def add(self, func, name, args, kwargs, outs, ins):
         path = self.stack[-1] if self.stack else ""
         k = (path, name)
-        self.counts[k] = self.counts.get(k, -1) + 1
-        self.counts[name] = self.counts.get(name, -1) + 1
-        src = {id(t): self.producer.get(id(t)) for t in ins}
-        i = len(self.records)
-        rec = _Rec(i, name, func, args, kwargs, path, (path, name, self.counts[k]),
-                   [self._value(i, j, o) for j, o in enumerate(outs)], src,
-                   [id(o) for o in outs], ("", name, self.counts[name]), ins)
-        self.records.append(rec)
+        counts, producer = self.counts, self.producer
+        ck = counts[k] = counts.get(k, -1) + 1
+        cn = counts[name] = counts.get(name, -1) + 1
+        src = {}
         for t in ins:
-            if t.is_floating_point() and src[id(t)] is None:  # a leaf: weights, inputs
+            p = src[id(t)] = producer.get(id(t))
+            if p is None and t.is_floating_point():  # a leaf: weights, inputs
                 self.shared.append(t)
                 self.keep.append(t)  # alive, so its id and address are not reused
+        i = len(self.records)
+        self.records.append(_Rec(i, name, func, args, kwargs, path, (path, name, ck),
+                                 [self._value(i, j, o) for j, o in enumerate(outs)], src,
+                                 [id(o) for o in outs], ("", name, cn), ins))
         for j, o in enumerate(outs):
-            self.producer[id(o)] = (i, j)
-            self.keep.append(o)
-            self.shared.append(o)
+            producer[id(o)] = (i, j)
+        self.keep += outs
+        self.shared += outs
 
     def _value(self, i: int, j: int, o: torch.Tensor) -> torch.Tensor:
         """Output j of record i as recorded: o itself (detached) while nothing writes into it,
@@ -204,18 +206,37 @@ class _Trace:
                 "out-of-place operation")
 
 
+def _kind(func) -> tuple[str, bool, bool]:
+    """(name, inert: a metadata query, inplace: writes into its first argument)."""
+    name = _name(func)
+    inplace = name == "__setitem__" or (name.endswith("_") and not name.endswith("__")) \
+        or (name.startswith("__i") and name.endswith("__") and name not in ("__index__",
+                                                                             "__int__"))
+    return name, name in _INERT, inplace
+
+
 class _Recorder(TorchFunctionMode):
     def __init__(self, tr: _Trace):
         super().__init__()
         self.tr = tr
+        self.kinds: dict = {}  # func -> `_kind(func)`, for this trace
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = _name(func)
-        if name in _INERT:
+        try:
+            name, inert, inplace = self.kinds[func]
+        except KeyError:
+            name, inert, inplace = self.kinds[func] = _kind(func)
+        except TypeError:  # not hashable
+            name, inert, inplace = _kind(func)
+        if inert:
             return func(*args, **kwargs)
         ins = _tensors(args) + _tensors(list(kwargs.values())) if kwargs else _tensors(args)
-        floats = any(t.is_floating_point() for t in ins)
+        floats = False
+        for t in ins:
+            if t.is_floating_point():
+                floats = True
+                break
         data = floats or any(id(t) in self.tr.dd for t in ins)
         if data and (name in _ESCAPES or (floats and name in ("__int__", "__index__"))):
             raise UnsupportedOperation(
@@ -224,9 +245,6 @@ class _Recorder(TorchFunctionMode):
                 "value a tensor, or compute it outside and pass it in")
         if data and name in _BRANCHES:
             self.tr.branches.append(name)
-        inplace = name == "__setitem__" or (name.endswith("_") and not name.endswith("__")) \
-            or (name.startswith("__i") and name.endswith("__") and name not in ("__index__",
-                                                                                 "__int__"))
         if inplace and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
             self.tr.check_alias(args[0], name)
             self.tr.before_write(args[0])
@@ -282,25 +300,34 @@ def trace(fn, inputs, name: str = "the program", eager: bool = False) -> _Trace:
     write went unseen)."""
     ins = as_inputs(inputs, "inputs")
     tr = _Trace(eager)
-    hooks = []
-    seen = set()
+    paths: dict = {}  # id(module) -> (module, its path: the first name it is found under)
     for prefix, root in _roots(fn):
         for sub, mod in root.named_modules():
-            path = ".".join(x for x in (prefix, sub) if x)
-            if id(mod) in seen:
-                continue
-            seen.add(id(mod))
+            if id(mod) not in paths:
+                paths[id(mod)] = (mod, ".".join(x for x in (prefix, sub) if x))
 
-            def pre(_m, _i, p=path):
-                tr.stack.append(p)
+    def pre(mod, _i, p=None):
+        p = p if p is not None else paths.get(id(mod), (None, None))[1]
+        if p is not None:
+            tr.stack.append(p)
 
-            def post(_m, _i, out, p=path):
-                tr.stack.pop()
-                ts = [t for t in _tensors(out) if t.is_floating_point()]
-                if ts and id(ts[0]) in tr.producer:
-                    tr.module_out[p] = tr.producer[id(ts[0])]
-            hooks.append(mod.register_forward_pre_hook(pre))
-            hooks.append(mod.register_forward_hook(post))
+    def post(mod, _i, out, p=None):
+        p = p if p is not None else paths.get(id(mod), (None, None))[1]
+        if p is None:
+            return
+        tr.stack.pop()
+        ts = [t for t in _tensors(out) if t.is_floating_point()]
+        if ts and id(ts[0]) in tr.producer:
+            tr.module_out[p] = tr.producer[id(ts[0])]
+    if any(m._forward_hooks or m._forward_pre_hooks for m, _ in paths.values()):
+        # per-module hooks, registered after the module's own: the output recorded is the one
+        # its own forward hooks return (global hooks run before those)
+        hooks = [h for m, p in paths.values() for h in (
+            m.register_forward_pre_hook(functools.partial(pre, p=p)),
+            m.register_forward_hook(functools.partial(post, p=p)))]
+    else:  # two global hooks, whatever the number of modules; others pass through
+        hooks = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
+                 torch.nn.modules.module.register_module_forward_hook(post)]
     try:
         with torch.no_grad(), _Recorder(tr):
             out = fn(*ins)
@@ -404,6 +431,18 @@ class TriageReport(Report):
         ax.set_ylabel("margin / half-width")
         ax.legend(fontsize=7, loc="lower left")
         return ax
+
+
+def _on_hulls(rec, matched: set, anchor: dict, p) -> bool:
+    """Whether rec is an exact operation (a gather, no fill) paired with the reference's p, whose
+    float inputs are all paired outputs (consumers read the hull of both programs' values) and
+    whose outputs are checked against p's: its bound, the same gather of the inputs' hull, is
+    then the hull of both programs' outputs."""
+    if rec.name not in R.EXACT or rec.name in R.FILLS or rec.index not in matched or p is None:
+        return False
+    if not all(anchor.get((rec.index, j)) is o for j, o in enumerate(p.outs)):
+        return False
+    return all(rec.src.get(id(t)) in anchor for t in rec.ins if t.is_floating_point())
 
 
 def _declared(kernels: Mapping | None, rec) -> iv.Kernel | None:
@@ -535,13 +574,19 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
     unchecked: list[str] = []
     suspects: tuple = ()
     declared = []
+    # the boxes of small paired vectors (biases, norm weights), all in a few compiled passes
+    small = [((r.index, id(t)), t, leafpair[(r.index, id(t))]) for r in tt.records for t in r.ins
+             if (r.index, id(t)) in leafpair and t.ndim <= 1 and t.numel() <= _SMALL]
+    boxes = dict(zip([k for k, _, _ in small], bd.leaf_pairs([(t, o) for _, t, o in small]),
+                     strict=True))
     for rec in tt.records:
         def get(t, rec=rec):
             src = rec.src.get(id(t))
             if src is None:
                 other = leafpair.get((rec.index, id(t)))
                 if other is not None:
-                    return _join(bd.leaf(t), bd.leaf(other))
+                    box = boxes.get((rec.index, id(t)))
+                    return box if box is not None else bd.leaf(t, other)
                 return _leaf_wide(t, ref_leaf_fmts)
             return held[src]
 
@@ -558,7 +603,9 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
         else:
             fmts = _coarsest({fmts[0]} | ref_fmts)
         dd = rec.index not in matched and any(id(t) in tt.dd for t in rec.ins)
-        if rec.name in _CREATE:  # a constant: like a leaf (the reference may hold it coarser)
+        if _on_hulls(rec, matched, anchor, by_key.get(keyf(rec))):
+            bs = None  # each output checked against the hull of both programs' outputs
+        elif rec.name in _CREATE:  # a constant: like a leaf (the reference may hold it coarser)
             bs = [_leaf_wide(o, ref_fmts) for o in rec.outs]
         elif dd:  # masks or indices computed from float values may differ in the reference
             bs = union([_unknown_choice(rec, get, f) for f in fmts])
@@ -577,17 +624,27 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
             if kernel is not None:
                 declared.append((op, kernel.describe()))
             bs = union(per)
-        for j, (b, o) in enumerate(zip(bs, rec.outs, strict=True)):
-            if tuple(b.shape) != tuple(o.shape):
+        if bs is not None and len(bs) != len(rec.outs):
+            raise RuntimeError(f"internal: the rule for {rec.name} gave {len(bs)} bounds for "
+                               f"{len(rec.outs)} outputs")
+        for j, o in enumerate(rec.outs):
+            b = None if bs is None else bs[j]
+            if b is not None and tuple(b.shape) != tuple(o.shape):
                 raise RuntimeError(f"internal: the rule for {rec.name} gave shape {b.shape}, the "
                                    f"operation {tuple(o.shape)}")
-            if (rec.index, j) in anchor:
-                o64, a64 = bd._np(o), bd._np(anchor[(rec.index, j)])
-            if (rec.index, j) in last:
-                held[(rec.index, j)] = hull(o64, a64) if (rec.index, j) in anchor else b
-            if (rec.index, j) in anchor:
+            if (rec.index, j) not in anchor:
+                if (rec.index, j) in last:
+                    held[(rec.index, j)] = b
+            else:
                 label = op + (f"[{j}]" if len(rec.outs) > 1 else "")
-                c = check(rec.index, label, b, a64, o64, rec.name in R.EXACT)
+                if b is None:
+                    c, h = check_hull(rec.index, label, anchor[(rec.index, j)], o)
+                    h = h if (rec.index, j) in last else None
+                else:
+                    c, h = check_values(rec.index, label, b, anchor[(rec.index, j)], o,
+                                        rec.name in R.EXACT, (rec.index, j) in last)
+                if h is not None:
+                    held[(rec.index, j)] = h
                 checks.append(c)
                 if c.verdict == "Type-II" and not suspects and not any(
                         x.verdict == "Type-II" for x in checks[:-1]):

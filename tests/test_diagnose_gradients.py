@@ -158,3 +158,64 @@ def test_scale_range_top_respects_activation_gradients():
     hi = r_all.scale_range["float16"][1]
     assert top * 2.0**hi < over <= top * 2.0 ** (hi + 1)
     assert hi < r_par.scale_range["float16"][1]
+
+
+@pytest.mark.parametrize("fmt, ks", [("float16", range(-4, 50)), ("bfloat16", range(110, 170))])
+def test_overflow_at_every_scale_matches_direct_counts(fmt, ks):
+    m, x, loss_fn = _cnn_case(factor=1.0)
+    r = diagnose.gradients(m, loss_fn, x)
+    grads = _direct_grads(m, x, loss_fn)
+    _, _, over = diagnose.cast_thresholds(fmt)
+    seen = set()
+    for t, g in zip(r.tensors, grads, strict=True):
+        a = g.abs().double()
+        assert t.overflow_at(fmt, 0) == t.overflow[fmt]  # the counts at the report's scale 1
+        for k in ks:
+            want = int((a * 2.0**k >= over).sum())  # float64: exact for k in these ranges
+            assert t.overflow_at(fmt, k) == want
+            seen.add(0 < want < t.nonzero)
+    assert seen == {True, False}  # partial overflows occur, not only none or all
+
+
+def test_scale_view_shows_every_overflow_and_names_every_tensor():
+    import matplotlib.colors as mcolors
+
+    from precisionlab.diagnose.report import fmt_share
+
+    m, x, loss_fn = _cnn_case(factor=1.0)
+    r = diagnose.gradients(m, loss_fn, x, tail=0.01)
+    grads = _direct_grads(m, x, loss_fn)
+    params = [t for t in r.tensors if t.kind == "parameter"]
+    _, _, over = diagnose.cast_thresholds("float16")
+    big = max(params, key=lambda t: t.numel)  # the first scale at which it overflows
+    k = math.floor(math.log2(over / big.max_abs))
+    k += big.max_abs * 2.0**k < over
+    table, fig = r.scale_view(k, "float16")
+    ax = fig.axes[0]
+    over_n = [int((g.abs().double() * 2.0**k >= over).sum()) for g in grads]
+    nz = [int((g != 0).sum()) for g in grads]
+    shares = [o / n for o, n in zip(over_n, nz, strict=True)]
+    assert 0 < shares[params.index(big)] < 0.01  # a share a bar of its height would hide
+    below = [int(((g != 0) & (g.abs().double() * 2.0**k < 2.0**-14)).sum()) / n
+             for g, n in zip(grads, nz, strict=True)]
+    assert [b.get_height() for b in ax.patches] == below  # the bars are unchanged
+    stems = {round(s[0][0] - 0.3): s[1][1] for s in ax.collections[0].get_segments()}
+    assert stems == {i: max(s, 0.05) for i, s in enumerate(shares) if s}
+    assert mcolors.to_hex(ax.collections[0].get_color()[0]) == "#d55e00"
+    label = ax.get_legend().get_texts()[0].get_text()
+    assert f"largest {fmt_share(max(shares))}" in label and "at least 5%" in label
+    assert [t.get_text() for t in ax.get_xticklabels()] == [t.name for t in params]
+    row = next(line for line in table.to_text().splitlines() if "that overflow" in line)
+    assert row.split()[-1] == fmt_share(sum(over_n) / sum(nz))
+    _, fig0 = r.scale_view(-40, "float16")  # nothing overflows: no stems, no legend
+    assert not fig0.axes[0].collections and fig0.axes[0].get_legend() is None
+
+
+def test_scale_view_labels_at_most_48_ticks_on_big_models():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(30)])  # 60 tensors
+    r = diagnose.gradients(m, lambda out: out.square().sum(), torch.randn(2, 4))
+    ax = r.scale_view(0)[1].axes[0]
+    names = [t.name for t in r.tensors]
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert len(names) == 60 and ticks == names[::2]

@@ -4,6 +4,7 @@ HTMLParser), formats per column, and errors that name the bad argument."""
 
 from __future__ import annotations
 
+import math
 import re
 from html.parser import HTMLParser
 
@@ -232,3 +233,37 @@ def test_wrap_keeps_every_word_and_indents_continuations():
                                                   for line in lines[1:-1])
     assert lines[-1] == "  second line"
     assert out.split() == text.split()  # no word lost, split or hyphen-broken
+
+
+def _patterns(name: str) -> np.ndarray:
+    """Every value of an ml_dtypes format, one per bit pattern (float64)."""
+    import ml_dtypes
+
+    dt = getattr(ml_dtypes, name)
+    bits = 8 if name.startswith("float8") else 6 if name.startswith("float6") else 4
+    return np.arange(2**bits, dtype=np.uint8).view(dt).astype(np.float64)
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float6_e3m2fn",
+                                  "float6_e2m3fn", "float4_e2m1fn", "float8_e8m0fnu"])
+def test_specials_say_what_every_bit_pattern_holds(name):
+    """The specials column against ml_dtypes: inf, NaN, zero and sign as the patterns have them,
+    and overflow as its cast does it (the OCP MX spec: FP6/FP4 saturate, E8M0's NaN is 0xFF)."""
+    import ml_dtypes
+
+    text = tables.format_rows([name])[0]["specials"]
+    v = _patterns(name)
+    has_inf, has_nan = bool(np.isinf(v).any()), bool(np.isnan(v).any())
+    assert ("inf" in text.replace("no inf", "")) == has_inf, text
+    assert ("NaN" in text.replace("no NaN", "").split("(")[0]) == has_nan, text
+    assert ("no zero" in text) == (not (v == 0).any()), text
+    assert ("no sign" in text) == (not (v < 0).any()), text
+    big = np.array([2.0**127 * 1.75], np.float32).astype(getattr(ml_dtypes, name))
+    over = float(big.astype(np.float64)[0])
+    said = text.split("overflow")[-1]
+    if math.isinf(over):
+        assert "inf" in said
+    elif math.isnan(over):
+        assert "NaN" in said
+    else:
+        assert over == float(ml_dtypes.finfo(getattr(ml_dtypes, name)).max) and "saturate" in said

@@ -584,3 +584,25 @@ def test_phantom_explorer_with_supplied_runs_shows_the_same_views():
     wrong = {("fp32", 0.2): runs["fp32", 0.05]}
     with pytest.raises(ValueError, match=r"runs\[\('fp32', 0.2\)\] must be the RunLog"):
         widgets.phantom_explorer(**kw, runs=wrong)
+
+
+@pytest.mark.parametrize("fmt", ["float64", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn",
+                                 "float8_e8m0fnu", "e8m0", "float128", 3])
+def test_crossing_view_lists_exactly_the_formats_it_takes(fmt):
+    """The error's valid choices are the formats the view accepts: every one of them draws."""
+    from precisionlab.formats import FORMATS
+
+    with pytest.raises(ValueError, match="fmt must be") as info:
+        widgets.crossing_view(1.0, 1e-3, fmt)
+    listed = str(info.value).split("valid choices: ")[1].split("; got")[0].split(", ")
+    taken = []
+    for name, f in FORMATS.items():
+        try:  # a step of 3/4 of an ulp of w = 0.25 (the trajectory window stays small)
+            widgets.crossing_view(0.25, 0.75 * 0.25 * f.eps, name)
+        except ValueError as e:
+            assert "fmt must be" in str(e)
+            continue
+        taken.append(name)
+    assert listed == taken == ["float32", "tf32", "float16", "bfloat16", "float8_e4m3fn",
+                               "float8_e5m2"]
+    assert widgets.crossing_view(0.25, 5e-3, "bf16")[0].text.startswith("w = fl(0.25)")

@@ -30,7 +30,10 @@ floor up; a module imports only from floors below its own:
    labelled corpus.
 5. ``mixed_precision`` -- a run's precision policy (autocast device and dtype, loss
    scaler) and low-precision weight storage. ``scaling_runs`` -- the chapters' training
-   runs around a scaler (a scaler in front of the network, the AMP loop). ``plotting/`` -- the house style and the
+   runs around a scaler (a scaler in front of the network, the AMP loop). ``quantize_runs``
+   -- chapter 9's measurements: per-layer shares and SQNR under each recipe, activations
+   with outlier channels, a layer trained under a recipe, delayed-scaling traces.
+   ``plotting/`` -- the house style and the
    figures (``ax=None`` in, the Axes out).
 6. ``widgets/`` -- the frame switcher (its JS and CSS are package data) and one view per
    chapter. ``diagnose/`` -- the book's lessons pointed at the reader's own model.

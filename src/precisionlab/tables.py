@@ -51,10 +51,14 @@ def format_value(x: float) -> str:
 
 
 def _specials(fmt: FloatFormat) -> str:
-    """What the all-ones exponent holds, and where overflow goes."""
+    """Which special values the format has (inf, NaN, zero, sign), and where overflow goes."""
     if fmt.has_inf:
         return "±inf, NaN (overflow: inf)"
-    return "NaN only (overflow: NaN or saturate)"
+    if not fmt.signed:  # float8_e8m0fnu: 2^(E - 127), the all-ones pattern is NaN
+        return "NaN only; no zero, no sign (0, negatives, overflow: NaN)"
+    if fmt.has_nan:
+        return "NaN only (overflow: NaN or saturate)"
+    return "none: no inf, no NaN (overflow: saturate)"
 
 
 def format_rows(formats: Iterable[str | FloatFormat] | None = None) -> list[dict]:

@@ -2,7 +2,8 @@
 
 * `gradients(model, loss_fn, batch)` - will this train in float16 / bfloat16? Per gradient
   tensor the entries a cast would flush, leave subnormal or overflow, the loss-scale range
-  that saves them, and the bfloat16 weights an optimizer step would not move.
+  that saves them, and the bfloat16 weights an optimizer step would not move; with
+  `recipe=` the same shares and the SQNR under an FP8/MX/NVFP4 scaling recipe.
 * `mismatch(model, batch)` - would PPO clip this from precision alone? beta per token between
   two precision settings.
 * `triage(reference, target, inputs)` - round-off or bug? The target's torch operations,
@@ -15,12 +16,13 @@ Each returns a `Report`: plain data, printed as a table, drawn by `.plot(ax=None
 Files: `report`, `gradients`, `mismatch`, `determinism`; triage's `triage` (tracing, verdict),
 `opcheck` (each paired operation's check), `pairing` (which operations compare), `rules`,
 `rows` and `layers` (interval rules per operation: elementwise and shape, row-wise,
-convolution and attention), `bound_ops` (their shared interval arithmetic) and `fused`
-(its compiled numba kernels, bit for bit the NumPy steps they replace).
+convolution and attention), `bound_ops` (their shared interval arithmetic), `products`
+(interval matrix products), `fused` (compiled numba steps, bit for bit the NumPy steps they
+replace) and `kernels` (compiled whole-rule passes built from those steps).
 """
 
 from .determinism import DeterminismReport, determinism, ulp_distance
-from .gradients import GradientReport, TensorGradients, cast_thresholds, gradients
+from .gradients import GradientReport, RecipeShares, TensorGradients, cast_thresholds, gradients
 from .mismatch import SETTINGS, MismatchReport, logprobs, mismatch
 from .report import Report
 from .rules import supported
@@ -32,6 +34,7 @@ __all__ = [
     "GradientReport",
     "MismatchReport",
     "OpCheck",
+    "RecipeShares",
     "Report",
     "TensorGradients",
     "TriageReport",

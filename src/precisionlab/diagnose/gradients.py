@@ -7,7 +7,9 @@ overflow, at the loss scale in force; the range of power-of-two loss scales that
 a `tail` share of the nonzero entries above float16's normal floor without any overflow; and,
 for an optimizer step of size `lr`, how many weights stored in bfloat16 would not move at all
 (chapter 1's rule, `updates.swallowed`). The symptom -> cause -> fix table of the underflow
-tutorial comes out filled in for the model.
+tutorial comes out filled in for the model. With ``recipe=`` (a `quantize.Recipe` or a preset
+name such as "mxfp8" or "nvfp4"), each gradient tensor is also quantized under that recipe:
+the shares saturated, underflowed to zero and left subnormal, and the SQNR in dB.
 
 A value x rounds (to nearest, ties to even) to zero in a format iff |x| <= q/2 (q the smallest
 subnormal), to a subnormal iff q/2 < |x| < n - q/2 (n the smallest normal), and to infinity iff
@@ -26,7 +28,9 @@ import torch
 from matplotlib.figure import Figure
 
 from ..formats import FloatFormat, get_format
-from ..tables import Table
+from ..quantize import RECIPES, Recipe
+from ..quantize import recipe as get_recipe
+from ..tables import Table, show, wrap
 from ..updates import swallowed as update_swallowed
 from .report import (
     Report,
@@ -41,12 +45,15 @@ from .report import (
     short,
 )
 
-__all__ = ["GradientReport", "TensorGradients", "cast_thresholds", "gradients"]
+__all__ = ["GradientReport", "RecipeShares", "TensorGradients", "cast_thresholds", "gradients",
+           "recipe_shares"]
 
 _EXP_OFFSET = 160  # frexp exponents of finite nonzero float32 values lie in -148..128
 _EXP_BINS = 300
 _OPTIMIZERS = ("sgd", "adam")
 _ADAM_EPS = 1e-8  # torch.optim.Adam's default eps
+_MAX_TICKS = 48  # scale_view names every tensor up to this many (then every 2nd, 3rd, ...)
+_MIN_MARK = 0.05  # scale_view draws a nonzero overflow share at least this high
 
 
 def cast_thresholds(fmt) -> tuple[float, float, float]:
@@ -57,6 +64,48 @@ def cast_thresholds(fmt) -> tuple[float, float, float]:
     q = f.min_subnormal
     top_ulp = 2.0 ** (f.emax - f.mantissa_bits)
     return q / 2, f.min_normal - q / 2, f.max_finite + top_ulp / 2
+
+
+@dataclass(frozen=True)
+class RecipeShares:
+    """One gradient tensor under one recipe: shares saturated/underflowed/subnormal and SQNR = 10 log10(sum g^2 / sum (g - deq)^2) dB."""
+
+    recipe: str
+    saturated: float | None = None  # None where the recipe does not apply (see skipped)
+    underflowed: float | None = None
+    subnormal: float | None = None
+    sqnr_db: float | None = None  # inf when the quantized tensor equals g
+    skipped: str = ""  # why the recipe does not apply to this tensor ("" where it does)
+
+    @property
+    def applies(self) -> bool:
+        """True when the recipe quantized this tensor (its block divides the shape, g is finite)."""
+        return not self.skipped
+
+
+def recipe_shares(g: torch.Tensor, recipes: Sequence[Recipe]) -> dict[str, RecipeShares]:
+    """{recipe name: RecipeShares} for gradient g; a block that does not divide g (or inf/NaN in g) is reported, not padded."""
+    out = {}
+    g32 = g.detach().to(torch.float32).cpu()
+    finite = bool(torch.isfinite(g32).all())
+    for r in recipes:
+        try:
+            r.block_sizes(tuple(g32.shape))
+        except ValueError as e:
+            reason = str(e).split(";")[0].replace("x's size", "size").replace("of x ", "of ")
+            out[r.name] = RecipeShares(r.name, skipped=reason)
+            continue
+        if not finite:
+            out[r.name] = RecipeShares(r.name, skipped="inf/NaN entries: no finite scale")
+            continue
+        q = r(g32)
+        g64 = g32.to(torch.float64)
+        signal = float((g64 * g64).sum())
+        noise = float(((g64 - q.dequantize()) ** 2).sum())
+        # noise > 0 needs some g != q d, so g != 0 and signal > 0
+        sqnr = math.inf if noise == 0 else 10 * math.log10(signal / noise)
+        out[r.name] = RecipeShares(r.name, q.saturated, q.underflowed, q.subnormal, sqnr)
+    return out
 
 
 @dataclass(frozen=True)
@@ -77,10 +126,21 @@ class TensorGradients:
     exponents: np.ndarray = field(repr=False)  # counts of finite nonzero |g| by frexp exponent
     swallowed: int = 0  # weights whose bfloat16 update is lost (parameters, when lr is given)
     updated: int = 0  # weights with a nonzero update
+    recipes: dict = field(default_factory=dict, repr=False)  # recipe name -> RecipeShares
+    # fmt -> counts by frexp exponent of the finite nonzero |g| whose frexp mantissa is at
+    # least that of fmt's overflow threshold (the entries of the one bin that overflow)
+    near_top: dict = field(default_factory=dict, repr=False)
 
     def share(self, what: str, fmt: str) -> float:
         """flushed/subnormal/overflow entries of fmt as a share of all entries."""
         return getattr(self, what)[fmt] / self.numel if self.numel else 0.0
+
+    def overflow_at(self, fmt: str, scale_exp: int) -> int:
+        """Finite entries with |g| 2^scale_exp >= T (fmt's overflow threshold T = m_T 2^e_T): frexp exponent E > e_T - k, or = e_T - k with mantissa >= m_T."""
+        _, e_t = math.frexp(cast_thresholds(fmt)[2])
+        i = e_t - scale_exp + _EXP_OFFSET  # the bin of E = e_T - k
+        above = int(self.exponents[max(0, min(_EXP_BINS, i + 1)):].sum())
+        return above + (int(self.near_top[get_format(fmt).name][i]) if 0 <= i < _EXP_BINS else 0)
 
 
 def _count(g: torch.Tensor, scale: float, formats: Sequence[FloatFormat]):
@@ -94,20 +154,26 @@ def _count(g: torch.Tensor, scale: float, formats: Sequence[FloatFormat]):
     vals = a[fin_nz]
     mx = float(a[finite].max()) / scale if bool(finite.any()) else math.inf
     mn = float(vals.min()) / scale if vals.numel() else math.inf
-    flushed, subnormal, overflow = {}, {}, {}
-    for f in formats:
+    flushed, subnormal, overflow, near_top = {}, {}, {}, {}
+    m, e = torch.frexp(vals / scale)
+    bins = (e.to(torch.int64) + _EXP_OFFSET).clamp(0, _EXP_BINS - 1)
+    tops = [math.frexp(cast_thresholds(f)[2])[0] for f in formats]
+    near = m >= min(tops)  # mantissas within a few ulps of 1: a small subset, kept once
+    m_near, bins_near = m[near], bins[near]
+    for f, m_t in zip(formats, tops, strict=True):
         z, s, o = cast_thresholds(f)
         flushed[f.name] = int((vals <= z).sum())
         subnormal[f.name] = int(((vals > z) & (vals < s)).sum())
         overflow[f.name] = int((a >= o).sum())  # inf counts; NaN compares False
-    _, e = torch.frexp(vals / scale)
-    hist = torch.bincount((e.to(torch.int64) + _EXP_OFFSET).clamp(0, _EXP_BINS - 1),
-                          minlength=_EXP_BINS).cpu().numpy()
-    return nonzero, nonfinite, mx, mn, flushed, subnormal, overflow, hist
+        near_top[f.name] = torch.bincount(bins_near[m_near >= m_t],
+                                          minlength=_EXP_BINS).cpu().numpy()
+    hist = torch.bincount(bins, minlength=_EXP_BINS).cpu().numpy()
+    return nonzero, nonfinite, mx, mn, flushed, subnormal, overflow, hist, near_top
 
 
-def _stats(name, kind, g, scale, formats, w=None, lr=None, optimizer="sgd") -> TensorGradients:
-    nonzero, nonfinite, mx, mn, fl, sub, ov, hist = _count(g, scale, formats)
+def _stats(name, kind, g, scale, formats, w=None, lr=None, optimizer="sgd",
+           recipes=()) -> TensorGradients:
+    nonzero, nonfinite, mx, mn, fl, sub, ov, hist, top = _count(g, scale, formats)
     swallowed = updated = 0
     if w is not None and lr is not None:
         gd = g.detach().to(torch.float64).reshape(-1).cpu()
@@ -120,7 +186,13 @@ def _stats(name, kind, g, scale, formats, w=None, lr=None, optimizer="sgd") -> T
         if updated:
             swallowed = int(np.count_nonzero(update_swallowed(wb.numpy(), step[keep].numpy(), "bfloat16")))
     return TensorGradients(name, kind, tuple(g.shape), g.numel(), nonzero, nonfinite, mx, mn,
-                           fl, sub, ov, hist, swallowed, updated)
+                           fl, sub, ov, hist, swallowed, updated,
+                           recipe_shares(g, recipes) if recipes else {}, top)
+
+
+def _fmt_db(x: float | None) -> str:
+    """An SQNR in dB with one decimal ('inf' when exact, '-' for None)."""
+    return "-" if x is None else "inf" if x == math.inf else f"{x:.1f}"
 
 
 def _below_normal(hist: np.ndarray, fmt: FloatFormat, k: int) -> int:
@@ -142,6 +214,7 @@ class GradientReport(Report):
     optimizer: str
     scale_range: dict  # fmt -> (lowest exponent, highest exponent) or None
     title: str = "gradients in reduced precision"
+    recipes: tuple = ()  # the quantize.Recipe objects each tensor was quantized under
 
     # ------------------------------------------------------------------ totals
     def _of(self, kind):
@@ -189,7 +262,80 @@ class GradientReport(Report):
         if self.lr is not None:
             lines.append(f"{self.optimizer} step lr={self.lr:g}: bfloat16 weights that would not "
                          f"move: {fmt_share(self.swallowed_share)}")
+        for r in self.recipes:
+            ts = self._of("parameter")
+            done = [t for t in ts if t.recipes[r.name].applies]
+            worst = min(done, key=lambda t: t.recipes[r.name].sqnr_db, default=None)
+            low = "-" if worst is None else \
+                f"{_fmt_db(worst.recipes[r.name].sqnr_db)} dB ({short(worst.name, 24)})"
+            lines.append(wrap(f"{r.name}: saturated "
+                              f"{fmt_share(self.recipe_share('saturated', r.name))}, underflowed "
+                              f"{fmt_share(self.recipe_share('underflowed', r.name))}, subnormal "
+                              f"{fmt_share(self.recipe_share('subnormal', r.name))}; lowest SQNR "
+                              f"{low}; not quantized: {len(ts) - len(done)} of {len(ts)} "
+                              f"tensors"))
         return "\n".join(lines)
+
+    # ------------------------------------------------------------------ recipes
+    def recipe_share(self, what: str, recipe, kind: str = "parameter") -> float:
+        """saturated/underflowed/subnormal entries under recipe as a share of the entries of the tensors it quantized."""
+        name = recipe.name if isinstance(recipe, Recipe) else recipe
+        if name not in {r.name for r in self.recipes}:
+            raise ValueError(f"unknown recipe {name!r}; the report has: "
+                             f"{', '.join(r.name for r in self.recipes) or 'none'}")
+        if what not in ("saturated", "underflowed", "subnormal"):
+            raise ValueError(f"unknown share {what!r}; valid choices: saturated, underflowed, "
+                             f"subnormal")
+        done = [(t.numel, t.recipes[name]) for t in self._of(kind) if t.recipes[name].applies]
+        n = sum(k for k, _ in done)
+        return sum(k * getattr(s, what) for k, s in done) / n if n else 0.0
+
+    def recipe_rows(self) -> list[dict]:
+        """One plain dict per tensor and recipe: tensor, kind, recipe, the three shares, sqnr_db, skipped."""
+        return [{"tensor": t.name, "kind": t.kind, "recipe": r.name,
+                 "saturated": s.saturated, "underflowed": s.underflowed,
+                 "subnormal": s.subnormal, "sqnr_db": s.sqnr_db, "skipped": s.skipped}
+                for t in self.tensors for r in self.recipes for s in (t.recipes[r.name],)]
+
+    def recipe_table(self, limit: int = 24):
+        """One row per tensor: per recipe saturated / underflowed / subnormal shares and SQNR; n/a with the reason where it does not apply."""
+        if not self.recipes:
+            raise ValueError("the report has no recipe; call gradients(..., recipe='mxfp8') "
+                             f"with one of: {', '.join(RECIPES)}")
+        cols = ["tensor"]
+        for r in self.recipes:
+            cols += [f"{r.name} sat", f"{r.name} 0", f"{r.name} sub", f"{r.name} SQNR dB"]
+        cols.append("why n/a")
+        rows = []
+        for t in self.tensors:
+            row = [short(("act " if t.kind == "activation" else "") + t.name, 24)]
+            why = []
+            for r in self.recipes:
+                s = t.recipes[r.name]
+                if s.applies:
+                    row += [fmt_share(s.saturated), fmt_share(s.underflowed),
+                            fmt_share(s.subnormal), _fmt_db(s.sqnr_db)]
+                else:
+                    row += ["n/a"] * 4
+                    why.append(f"{r.name}: {s.skipped}")
+            rows.append([*row, "; ".join(why) or "-"])
+        fitted = rows_fit(rows, limit)
+        return show(fitted, cols, title="; ".join(r.describe() for r in self.recipes),
+                    align="l" + "r" * (len(cols) - 2) + "l",
+                    note="sat: saturated at the element format's max, 0: nonzero entries "
+                         "quantized to zero, sub: left subnormal (shares of the tensor's "
+                         "entries); SQNR = 10 log10(sum g^2 / sum (g - deq)^2), inf when "
+                         "exact. n/a: the recipe does not apply (its block does not divide the "
+                         "shape, or g has inf/NaN); tensors are never padded.")
+
+    def to_text(self) -> str:
+        """Summary lines, the table, and with recipes the recipe table."""
+        text = super().to_text()
+        return text + "\n\n" + self.recipe_table().to_text() if self.recipes else text
+
+    def _repr_html_(self) -> str:
+        html = super()._repr_html_()
+        return html + self.recipe_table()._repr_html_() if self.recipes else html
 
     def table(self, limit: int = 24) -> Table:
         """One row per tensor: max |g|, smallest nonzero |g|, per format flushed/subnormal shares."""
@@ -254,7 +400,7 @@ class GradientReport(Report):
 
     def scale_view(self, scale_exp: int = 0, fmt: str = "float16"):
         """(Table, Figure): per parameter tensor, the share of nonzero entries that stay below
-        fmt's normal floor and whether any overflows, at loss scale 2^scale_exp."""
+        fmt's normal floor and the share that overflows, at loss scale 2^scale_exp."""
         f = get_format(fmt)
         if isinstance(scale_exp, bool) or not isinstance(scale_exp, (int, np.integer)):
             raise ValueError(f"scale_exp must be an integer; got scale_exp={scale_exp!r}")
@@ -263,10 +409,16 @@ class GradientReport(Report):
         below = [_below_normal(t.exponents, f, scale_exp) / max(int(t.exponents.sum()), 1)
                  for t in ts]
         ovf = [t.max_abs * 2.0**scale_exp >= over for t in ts]
+        counted = f.name in self.formats  # exact overflow counts need the report's formats
+        over_n = [t.overflow_at(f.name, int(scale_exp)) if counted else None for t in ts]
         total = self.below_normal(f.name, scale_exp)
         rows = [[f"loss scale 2^{scale_exp}, {f.name}", ""],
                 ["nonzero gradients below the normal floor", fmt_share(total)],
                 ["tensors with an overflowing entry", f"{sum(ovf)} of {len(ts)}"]]
+        if counted:
+            nz = sum(int(t.exponents.sum()) for t in ts)
+            rows.append(["nonzero gradients that overflow", fmt_share(sum(over_n) / nz if nz
+                                                                       else 0.0)])
         r = self.scale_range.get(f.name) if f.name in self.scale_range else _scale_range(
             ts, f, self.tail, self._of("activation"))
         rows.append([f"scales that work (tail {self.tail:g})",
@@ -275,16 +427,37 @@ class GradientReport(Report):
         ax = fig.add_subplot()
         x = np.arange(len(ts))
         ax.bar(x, below, color=["#D55E00" if o else "#0072B2" for o in ovf])
+        _overflow_marks(ax, x, ts, ovf, over_n)
         ax.set_ylim(0, 1)
-        step = max(1, len(ts) // 8)  # at most about 8 labels: each costs a text layout
+        ax.set_yticks(np.linspace(0, 1, 6))
+        step = -(-len(ts) // _MAX_TICKS)  # every tensor named, up to _MAX_TICKS labels
         ax.set_xticks(x[::step])
-        ax.set_xticklabels([short(t.name, 18) for t in ts[::step]], rotation=30, ha="right",
-                           fontsize=7)
+        ax.set_xticklabels([short(t.name, 22) for t in ts[::step]], rotation=45, ha="right",
+                           fontsize=6)
+        ax.set_xlim(-0.7, len(ts) - 0.3)
         ax.set_xlabel("parameter tensor, in model order")
-        ax.set_ylabel("share below normal floor")
-        ax.set_title(f"{f.name}, loss scale 2^{scale_exp} (red: overflows)", fontsize=9)
+        ax.set_ylabel("share of nonzero entries")
+        ax.set_title(f"{f.name}, loss scale 2^{scale_exp}: bars below the normal floor "
+                     f"(red: the tensor overflows)", fontsize=9)
         fig.subplots_adjust(bottom=0.42, left=0.1, right=0.98, top=0.9)
         return Table(["", ""], rows), fig
+
+
+def _overflow_marks(ax, x, ts, ovf, over_n) -> None:
+    """Red stems beside the overflowing tensors' bars: height the overflow share, drawn at least _MIN_MARK."""
+    idx = [i for i, o in enumerate(ovf) if o]
+    if not idx:
+        return
+    shares = [None if over_n[i] is None else over_n[i] / max(int(ts[i].exponents.sum()), 1)
+              for i in idx]
+    tops = [_MIN_MARK if s is None else max(s, _MIN_MARK) for s in shares]
+    xs = x[idx] + 0.3
+    ax.vlines(xs, 0, tops, color="#D55E00", lw=1.5)
+    big = max((s for s in shares if s is not None), default=None)
+    label = ("overflow share" + (f" (largest {fmt_share(big)})" if big is not None else "")
+             + f"; drawn at least {_MIN_MARK:.0%} high")
+    ax.plot(xs, tops, ls="none", marker="v", ms=4, color="#D55E00", label=label)
+    ax.legend(fontsize=7, loc="upper right", frameon=False)
 
 
 def _scale_range(ts: Sequence[TensorGradients], fmt: FloatFormat, tail: float,
@@ -313,7 +486,7 @@ def _scale_range(ts: Sequence[TensorGradients], fmt: FloatFormat, tail: float,
 
 def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float16", "bfloat16"),
               scale: float = 1.0, lr: float | None = None, optimizer: str = "sgd",
-              tail: float = 1e-3, activations: bool = False) -> GradientReport:
+              tail: float = 1e-3, activations: bool = False, recipe=None) -> GradientReport:
     """Gradient counts of loss_fn(model(*batch)) after one float32 backward: per tensor and format,
     entries with |scale g| <= q/2 (flushed), < n - q/2 (subnormal), >= M + ulp(M)/2 (overflow).
 
@@ -323,7 +496,13 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
     step w - lr g / (|g| + 1e-8) ("adam"). tail: the share of nonzero parameter
     gradients allowed to stay below the normal floor when the loss-scale range is chosen; its
     top keeps every parameter gradient (and, with activations=True, every leaf module's output
-    gradient) below the overflow threshold. The model's own .grad are restored.
+    gradient) below the overflow threshold. recipe: a `quantize.Recipe`, a preset name
+    (`quantize.RECIPES`: "fp8_tensor", "mxfp8", "nvfp4", ...) or a sequence of them; each
+    gradient tensor g (unscaled) is then quantized under it and the report gives per tensor
+    the shares saturated / underflowed to zero / subnormal and the SQNR
+    10 log10(sum g^2 / sum (g - deq)^2) dB; a tensor the recipe's block does not divide (or
+    with inf/NaN entries) is marked with the reason, never padded. The model's own .grad are
+    restored.
     """
     check_module(model)
     inputs = as_inputs(batch)
@@ -343,6 +522,7 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
         raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(_OPTIMIZERS)}")
     if not (isinstance(tail, (int, float)) and 0 <= tail < 1):
         raise ValueError(f"tail must be a share in [0, 1); got tail={tail!r}")
+    recipes = _as_recipes(recipe)
 
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not params:
@@ -355,7 +535,7 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
             def fwd(_mod, _inp, out):
                 if isinstance(out, torch.Tensor) and out.requires_grad and out.is_floating_point():
                     out.register_hook(lambda g: act_stats.append(
-                        _stats(mod_name, "activation", g, s, fmts)) or None)
+                        _stats(mod_name, "activation", g, s, fmts, recipes=recipes)) or None)
             return fwd
 
         for mod_name, mod in model.named_modules():
@@ -376,9 +556,29 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
     stats = []
     for (n, p), g in zip(params, grads, strict=True):
         g = torch.zeros_like(p) if g is None else g
-        stats.append(_stats(n, "parameter", g, s, fmts, p, lr, optimizer))
+        stats.append(_stats(n, "parameter", g, s, fmts, p, lr, optimizer, recipes))
         del g
     act_stats.reverse()  # hooks fire from the output back: put them in forward order
     ranges = {f.name: _scale_range(stats, f, tail, act_stats) for f in fmts}
     return GradientReport(tuple(stats + act_stats), tuple(f.name for f in fmts), s, float(loss.detach()),
-                          float(tail), None if lr is None else float(lr), optimizer, ranges)
+                          float(tail), None if lr is None else float(lr), optimizer, ranges,
+                          recipes=recipes)
+
+
+def _as_recipes(recipe) -> tuple[Recipe, ...]:
+    """() for None; the Recipe(s) a Recipe, a preset name or a sequence of them names (distinct names)."""
+    if recipe is None:
+        return ()
+    items = [recipe] if isinstance(recipe, (str, Recipe)) else recipe
+    try:
+        out = tuple(get_recipe(r) for r in items)
+    except TypeError:
+        out = ()
+    if not out:
+        raise ValueError(f"recipe must be a quantize.Recipe, a preset name ({', '.join(RECIPES)}) "
+                         f"or a non-empty sequence of them; got recipe={recipe!r}")
+    names = [r.name for r in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"recipe names must be distinct (the report is keyed by name); got "
+                         f"{names}")
+    return out

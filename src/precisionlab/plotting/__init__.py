@@ -9,11 +9,19 @@ drew on, and never calls `plt.show()`. Files, one concept each:
 * `underflow`: g0·a^k against a format's floors, gradients and zeros by depth (chapter 4);
 * `scaling`: the loss scale per step, loss curves (chapter 5);
 * `rl`: phantom clipping, beta by token and logit level, runs per step (chapter 6);
-* `intervals`: leaf depths, bound widths, bound bands per element (chapter 7).
+* `intervals`: leaf depths, bound widths, bound bands per element (chapter 7);
+* `quantize`: per-layer SQNR and zeros, outlier sweeps, scale traces, SQNR per block
+  (chapter 9).
 """
 
 from .formats import format_grid, plot_number_line, plot_ulp_vs_magnitude
 from .intervals import plot_bound_bands, plot_bound_widths, plot_leaf_depths
+from .quantize import (
+    plot_block_sqnr,
+    plot_layer_quantization,
+    plot_outlier_sweep,
+    plot_scaling_trace,
+)
 from .reductions import plot_flip_probability, plot_residual_histories, plot_sum_outcomes
 from .rl import plot_beta_by_offset, plot_beta_vs_logprob, plot_phantom_strip, plot_run_metric
 from .scaling import plot_loss_curves, plot_scale_history
@@ -52,6 +60,7 @@ __all__ = [
     "plot_attenuation_model",
     "plot_beta_by_offset",
     "plot_beta_vs_logprob",
+    "plot_block_sqnr",
     "plot_bound_bands",
     "plot_bound_widths",
     "plot_changed_fraction",
@@ -61,14 +70,17 @@ __all__ = [
     "plot_height_gap",
     "plot_heights",
     "plot_layer_gradients",
+    "plot_layer_quantization",
     "plot_leaf_depths",
     "plot_loss_curves",
     "plot_number_line",
+    "plot_outlier_sweep",
     "plot_parameter_sweep",
     "plot_phantom_strip",
     "plot_residual_histories",
     "plot_run_metric",
     "plot_scale_history",
+    "plot_scaling_trace",
     "plot_solver_passes",
     "plot_stiffness_map",
     "plot_sum_outcomes",

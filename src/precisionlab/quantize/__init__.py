@@ -18,12 +18,15 @@ Files, one concept each (lowest first):
 * `result`: `Quantized` and `encode` (x * m, rounded, counted);
 * `blocks`: `quantize_blocks` and `quantize_per_tensor` (current scaling);
 * `delayed`: `DelayedScaling`, the per-tensor scale from an amax history;
-* `two_level`: `quantize_two_level`, NVFP4's E4M3 block scales under a float32 tensor scale.
+* `two_level`: `quantize_two_level`, NVFP4's E4M3 block scales under a float32 tensor scale;
+* `recipes`: `Recipe` (a named setting, called on x) and the presets `RECIPES` / `recipe(name)`:
+  fp8_tensor, fp8_tensor_e5m2, mxfp8, mxfp6, mxfp4, nvfp4, deepseek_act, deepseek_weight.
 """
 
 from .blocks import quantize_blocks, quantize_per_tensor
 from .choices import E8M0_RULES, ELEMENT_FORMATS, SCALE_FORMATS
 from .delayed import AMAX_COMPUTE_ALGOS, DelayedScaling
+from .recipes import GRAINS, RECIPES, Recipe, recipe
 from .result import Quantized
 from .two_level import quantize_two_level
 
@@ -31,10 +34,14 @@ __all__ = [
     "AMAX_COMPUTE_ALGOS",
     "E8M0_RULES",
     "ELEMENT_FORMATS",
+    "GRAINS",
+    "RECIPES",
     "SCALE_FORMATS",
     "DelayedScaling",
     "Quantized",
+    "Recipe",
     "quantize_blocks",
     "quantize_per_tensor",
     "quantize_two_level",
+    "recipe",
 ]

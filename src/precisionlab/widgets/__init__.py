@@ -17,11 +17,13 @@ check their input and call the package's plain functions. Files, one concept eac
 * `underflow` (chapter 4): the attenuation model g0·a^k against a format's floors;
 * `scaling` (chapter 5): dynamic loss scaling's scale and headroom;
 * `phantom` (chapter 6): phantom clipping in a short GRPO run;
-* `allclose` (chapter 7): a matmul's bounds and verdicts with an injected bug.
+* `allclose` (chapter 7): a matmul's bounds and verdicts with an injected bug;
+* `blocks` (chapter 9): what a block scale keeps of activations with outlier channels.
 """
 
 from .allclose import ALLCLOSE_GRID, allclose_explorer, allclose_view
 from .bits import BIT_GRID, bit_explorer, bit_view
+from .blocks import BLOCK_GRID, block_explorer, block_view
 from .crossing import CROSSING_GRID, crossing_explorer, crossing_view
 from .frames import MAX_FRAMES, PANEL_COLUMNS, STATIC_BUDGET_BYTES, Interactive, interactive
 from .phantom import PHANTOM_GRID, phantom_explorer, phantom_view
@@ -34,6 +36,7 @@ from .world import WORLD_GRID, world_explorer, world_scenes, world_view
 __all__ = [
     "ALLCLOSE_GRID",
     "BIT_GRID",
+    "BLOCK_GRID",
     "CROSSING_GRID",
     "MAX_FRAMES",
     "PANEL_COLUMNS",
@@ -49,6 +52,8 @@ __all__ = [
     "allclose_view",
     "bit_explorer",
     "bit_view",
+    "block_explorer",
+    "block_view",
     "crossing_explorer",
     "crossing_view",
     "interactive",

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from ..formats import FORMATS, get_format
+from ..formats import FORMAT_NAMES, get_format
 from ..plotting import plot_crossing_trajectory
 from ..rounding import round_to
 from ..updates import simulate_crossing, steps_to_cross, steps_to_cross_estimate
 from .frames import interactive
 from .view import TextPanel, check_real, view_figure
 
-__all__ = ["CROSSING_GRID", "crossing_explorer", "crossing_view"]
+__all__ = ["CROSSING_FORMATS", "CROSSING_GRID", "crossing_explorer", "crossing_view"]
 
 MAX_TRAJECTORY_STEPS = 20_000  # the longest trajectory the explorer draws
+# The formats the view takes: chapter 1's, narrower than float64 (the crossings are computed
+# in float64). Not the MX formats: float4/float6 saturate at their max and float8_e8m0fnu has
+# no sign and no zero, so fl(w + k lr) may never change, which the step count does not model.
+CROSSING_FORMATS: tuple[str, ...] = tuple(n for n in FORMAT_NAMES if n != "float64")
 
 CROSSING_GRID: dict[str, tuple] = {
     "w": (0.25, 1.0, 4.0),
@@ -26,12 +30,7 @@ def crossing_view(w: float = 1.0, lr: float = 1e-5, fmt="bfloat16") -> tuple[Tex
     """Exact, estimated and simulated steps until fl(w + k·lr) changes, with the trajectory."""
     w0 = check_real(w, "w")
     lr0 = check_real(lr, "lr")
-    f = get_format(fmt)
-    if f.name == "float64":
-        raise ValueError(
-            "fmt must be narrower than float64; valid choices: "
-            + ", ".join(n for n in FORMATS if n != "float64")
-        )
+    f = _crossing_format(fmt)
     if lr0 == 0:
         raise ValueError("lr must be nonzero; got lr=0.0")
     start = float(round_to(w0, f))
@@ -53,6 +52,18 @@ def crossing_view(w: float = 1.0, lr: float = 1e-5, fmt="bfloat16") -> tuple[Tex
     fig, ax = view_figure(3.6)
     plot_crossing_trajectory(start, lr0, n_steps, f, ax=ax)
     return TextPanel("\n".join(lines)), fig
+
+
+def _crossing_format(fmt):
+    """The format fmt names if crossing_view takes it (CROSSING_FORMATS), else ValueError listing them."""
+    try:
+        f = get_format(fmt)
+    except ValueError:
+        f = None
+    if f is None or f.name not in CROSSING_FORMATS:
+        raise ValueError(f"fmt must be a format narrower than float64 whose crossings the view "
+                         f"models; valid choices: {', '.join(CROSSING_FORMATS)}; got fmt={fmt!r}")
+    return f
 
 
 def crossing_explorer(w: float = 1.0, lr: float = 1e-5, fmt="bfloat16"):

@@ -1,0 +1,249 @@
+"""diagnose.gradients(..., recipe=...) against the recipes called directly on torch.autograd.grad
+gradients, and its SQNR against exact fractions and a float64 math.fsum.
+
+The models are built here (a small CNN and a masked transformer encoder), not chapter 8's.
+The decoded tensor of the oracle is q times each block's decode scale, expanded with
+repeat_interleave, not the package's `dequantize`.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from precisionlab import diagnose
+from precisionlab.quantize import RECIPES, Recipe, recipe
+
+MX_IN = Recipe("mx_in", "float8_e4m3fn", "block", 32, "float8_e8m0fnu", axis=1)
+ALL = [*RECIPES, MX_IN]
+
+
+class RecipeCNN(nn.Module):
+    """Two 32-channel convolutions and a linear head; one parameter the loss never uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(4, 32, 3, padding=1)
+        self.c2 = nn.Conv2d(32, 32, 3, padding=1)
+        self.head = nn.Linear(32, 16)
+        self.unused = nn.Parameter(torch.ones(64))  # gradient 0: SQNR inf under every recipe
+
+    def forward(self, x):
+        x = F.relu(self.c1(x))
+        x = F.relu(self.c2(x))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+class RecipeEncoder(nn.Module):
+    """Embedding, one post-norm encoder layer with a key-padding mask (d = 128), a vocabulary head."""
+
+    def __init__(self, vocab: int = 64, d: int = 128):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.layer = nn.TransformerEncoderLayer(d, 4, dim_feedforward=256, dropout=0.0,
+                                                batch_first=True)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, tokens, pad):
+        return self.head(self.layer(self.emb(tokens), src_key_padding_mask=pad))
+
+
+def cnn_case():
+    torch.manual_seed(0)
+    m = RecipeCNN()
+    x = torch.randn(4, 4, 8, 8)
+    y = torch.randint(0, 16, (4,))
+    return m, (x,), lambda out: F.cross_entropy(out, y)
+
+
+def encoder_case():
+    torch.manual_seed(1)
+    m = RecipeEncoder()
+    tokens = torch.randint(0, 64, (2, 8))
+    pad = torch.arange(8)[None, :] >= torch.tensor([8, 5])[:, None]
+    return m, (tokens, pad), lambda out: F.cross_entropy(out[~pad], tokens[~pad])
+
+
+def direct_gradients(m, inputs, loss_fn):
+    """{name: g} of every parameter and every leaf module's output, by torch.autograd.grad."""
+    outs, hooks = {}, []
+    for name, mod in m.named_modules():
+        if name and not list(mod.children()):
+            hooks.append(mod.register_forward_hook(
+                lambda _m, _i, o, name=name: outs.__setitem__(name, o)
+                if isinstance(o, torch.Tensor) and o.requires_grad else None))
+    loss = loss_fn(m(*inputs))
+    for h in hooks:
+        h.remove()
+    params = dict(m.named_parameters())
+    tensors = [*params.values(), *outs.values()]
+    grads = torch.autograd.grad(loss, tensors, allow_unused=True)
+    grads = [torch.zeros_like(t) if g is None else g for t, g in zip(tensors, grads, strict=True)]
+    names = [("parameter", n) for n in params] + [("activation", n) for n in outs]
+    return dict(zip(names, grads, strict=True))
+
+
+def decoded(q) -> torch.Tensor:
+    """q * d with each block's decode scale repeated over its elements (float64)."""
+    d = q.decode
+    for dim, b in enumerate(q.block):
+        d = d.repeat_interleave(b, dim=dim)
+    return q.values.to(torch.float64) * d
+
+
+def sqnr_fsum(g: torch.Tensor, deq: torch.Tensor) -> float:
+    g64 = g.to(torch.float64).reshape(-1)
+    noise = math.fsum(((g64 - deq.reshape(-1)) ** 2).tolist())
+    return math.inf if noise == 0 else 10 * math.log10(math.fsum((g64 * g64).tolist()) / noise)
+
+
+def sqnr_exact(g: torch.Tensor, deq: torch.Tensor) -> float:
+    gs = [Fraction(v) for v in g.to(torch.float64).reshape(-1).tolist()]
+    ds = [Fraction(v) for v in deq.reshape(-1).tolist()]
+    noise = sum((a - b) ** 2 for a, b in zip(gs, ds, strict=True))
+    if noise == 0:
+        return math.inf
+    return 10 * math.log10(sum(a * a for a in gs) / noise)
+
+
+@pytest.mark.parametrize("case", [cnn_case, encoder_case])
+def test_shares_and_sqnr_match_the_recipes_on_direct_gradients(case):
+    m, inputs, loss_fn = case()
+    report = diagnose.gradients(m, loss_fn, inputs, recipe=ALL, activations=True)
+    direct = direct_gradients(m, inputs, loss_fn)
+    got = {(t.kind, t.name): t for t in report.tensors}
+    assert set(got) == set(direct)
+    applied = skipped = exact = 0
+    for key, g in direct.items():
+        t = got[key]
+        assert list(t.recipes) == [r if isinstance(r, str) else r.name for r in ALL]
+        for r in ALL:
+            rr = recipe(r)
+            s = t.recipes[rr.name]
+            try:
+                q = rr(g)
+            except ValueError as e:  # the block does not fit g's shape: the reason is shown
+                assert not s.applies and s.saturated is None and s.sqnr_db is None
+                why = str(e).split(";")[0]
+                assert s.skipped == why.replace("x's size", "size").replace("of x ", "of ")
+                skipped += 1
+                continue
+            assert s.applies and s.skipped == ""
+            assert (s.saturated, s.underflowed, s.subnormal) == (
+                q.saturated, q.underflowed, q.subnormal)
+            ref = sqnr_fsum(g, decoded(q))
+            assert s.sqnr_db == ref or abs(s.sqnr_db - ref) <= 1e-9
+            if key == ("parameter", "unused"):
+                assert s.sqnr_db == math.inf and ref == math.inf
+                exact += 1
+            applied += 1
+    assert applied > 20 and skipped > 5  # both outcomes are exercised
+    if case is cnn_case:
+        assert exact >= 6  # the unused parameter's zero gradient, exact under every recipe
+
+
+def test_sqnr_against_exact_fractions_on_small_tensors():
+    m, inputs, loss_fn = cnn_case()
+    report = diagnose.gradients(m, loss_fn, inputs, recipe=ALL)
+    direct = direct_gradients(m, inputs, loss_fn)
+    head = next(t for t in report.tensors if t.name == "head.weight")
+    g = direct["parameter", "head.weight"]
+    finite = 0
+    for r in ALL:
+        rr = recipe(r)
+        s = head.recipes[rr.name]
+        if not s.applies:
+            continue
+        ref = sqnr_exact(g, decoded(rr(g)))
+        assert abs(s.sqnr_db - ref) <= 1e-11
+        finite += math.isfinite(ref)
+    assert finite >= 5
+
+
+def test_shares_under_recipes_have_weight_by_entries_and_the_table_marks_skips():
+    m, inputs, loss_fn = encoder_case()
+    report = diagnose.gradients(m, loss_fn, inputs, recipe=["mxfp4", "deepseek_weight"])
+    params = [t for t in report.tensors if t.kind == "parameter"]
+    for what in ("saturated", "underflowed", "subnormal"):
+        done = [t for t in params if t.recipes["mxfp4"].applies]
+        want = sum(getattr(t.recipes["mxfp4"], what) * t.numel for t in done) / sum(
+            t.numel for t in done)
+        assert math.isclose(report.recipe_share(what, "mxfp4"), want, rel_tol=1e-12)
+    assert report.recipe_share("underflowed", "mxfp4") > 0
+    # the 128x128 weight recipe fits the 384x128 and 256x128 matrices, not a 1-D bias
+    dw = {t.name: t.recipes["deepseek_weight"] for t in params}
+    assert dw["layer.self_attn.in_proj_weight"].applies
+    assert dw["layer.linear1.weight"].applies
+    assert not dw["layer.linear1.bias"].applies
+    assert "one size per dimension" in dw["layer.linear1.bias"].skipped
+    assert not dw["head.weight"].applies and "does not divide" in dw["head.weight"].skipped
+    table = report.recipe_table(limit=100)
+    text = table.to_text()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    flat = " ".join(text.split())  # cells wrap at 80 columns
+    assert "n/a" in text and "does not divide size 64" in flat and "never padded" in flat
+    assert "<table" in table._repr_html_()
+    rows = report.recipe_rows()
+    assert len(rows) == 2 * len(report.tensors)
+    assert {r["recipe"] for r in rows} == {"mxfp4", "deepseek_weight"}
+    printed = str(report)
+    summary = report.summary().splitlines()
+    assert all(len(line) <= 80 for line in summary[3:]), summary  # the recipe lines
+    assert "mxfp4: saturated" in printed and "not quantized: " in printed
+    assert "n/a" in printed and "SQNR dB" in printed  # print(report) ends with the table
+    assert "<table" in report._repr_html_()
+
+
+def test_inf_gradients_are_marked_not_fatal():
+    torch.manual_seed(0)
+    m = nn.Linear(32, 32)
+    x = torch.randn(4, 32) * 10
+
+    def loss_fn(out):
+        return out.sum() * 3e38
+
+    report = diagnose.gradients(m, loss_fn, x, recipe="mxfp8")
+    w = report.tensors[0]
+    assert w.nonfinite > 0
+    assert not w.recipes["mxfp8"].applies and "inf/NaN" in w.recipes["mxfp8"].skipped
+    assert "inf/NaN" in report.recipe_table().to_text()
+
+
+def test_without_recipe_the_report_is_unchanged():
+    m, inputs, loss_fn = cnn_case()
+    plain = diagnose.gradients(m, loss_fn, inputs, lr=1e-3, activations=True)
+    none = diagnose.gradients(m, loss_fn, inputs, lr=1e-3, activations=True, recipe=None)
+    assert str(plain) == str(none) and plain._repr_html_() == none._repr_html_()
+    assert plain.recipes == () and all(t.recipes == {} for t in plain.tensors)
+    assert "SQNR" not in str(plain)
+    with pytest.raises(ValueError, match="no recipe"):
+        plain.recipe_table()
+    with pytest.raises(ValueError, match="unknown recipe 'mxfp8'; the report has: none"):
+        plain.recipe_share("underflowed", "mxfp8")
+
+
+@pytest.mark.parametrize("bad, words", [
+    ("mxfp5", "unknown recipe 'mxfp5'; valid choices: fp8_tensor"),
+    (5, "recipe must be a quantize.Recipe, a preset name"),
+    ([], "recipe must be a quantize.Recipe"),
+    (["mxfp8", "mxfp8"], "distinct"),
+])
+def test_bad_recipe_names_the_argument(bad, words):
+    m, inputs, loss_fn = cnn_case()
+    with pytest.raises(ValueError, match=words):
+        diagnose.gradients(m, loss_fn, inputs, recipe=bad)
+
+
+def test_recipe_share_checks_its_arguments():
+    m, inputs, loss_fn = cnn_case()
+    report = diagnose.gradients(m, loss_fn, inputs, recipe=MX_IN)
+    with pytest.raises(ValueError, match="unknown share 'clipped'"):
+        report.recipe_share("clipped", "mx_in")
+    assert report.recipe_share("saturated", MX_IN) == report.recipe_share("saturated", "mx_in")
+    c2 = next(t for t in report.tensors if t.name == "c2.weight")
+    assert c2.recipes["mx_in"].applies  # 32 input channels along axis 1

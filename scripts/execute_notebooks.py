@@ -20,7 +20,7 @@ warm run's notebook is written back only if both runs finished without error (ne
 --time-only). A table of cold and warm wall times is printed at the end; the exit status is
 non-zero if any notebook failed or either run took longer than its budget: 20 s, unless the
 notebook's metadata sets another under ``precisionlab.budget_s`` (chapter 6 trains live and
-is allowed 60 s), or --budget is given.
+is allowed 30 s), or --budget is given.
 
 The same times go into ``book/_notebook_times.md`` (rows of the notebooks run are replaced,
 the others kept), which the workshop page includes: the run times a teacher plans with are

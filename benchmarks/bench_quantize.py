@@ -10,6 +10,10 @@ quantizer returns float32 elements, its scales and three shares (saturated, unde
 subnormal), so it also reads its output back once more than the casts do.
 Goals (issue #26): per-tensor current scaling within 3x of torch's cast; every per-block
 quantizer within 2x of per-tensor.
+A second table times one training step (forward, backward, Adam) of chapter 9's regression
+(x: 512 x 128 with 2 outlier channels, 16 outputs, E5M2 output gradients) through
+`emulate.QuantizedLinear`, the constant x quantized inside the layer on every step against
+quantized once (`quantize_input`) and passed in as a `Quantized`: the same bits, less work.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import timeit
 import numpy as np
 import torch
 
+from precisionlab import emulate, quantize_runs
 from precisionlab.quantize import (
+    RECIPES,
     DelayedScaling,
     quantize_blocks,
     quantize_per_tensor,
@@ -40,6 +46,35 @@ def fastest_ms(fn, repeats: int) -> float:
 def torch_recipe(x: torch.Tensor) -> torch.Tensor:
     """torch's current scaling: x * (448 / amax) cast to float8_e4m3fn."""
     return (x * (448.0 / x.abs().amax())).to(torch.float8_e4m3fn)
+
+
+def training_step(x, y, x_quantizer, once: bool):
+    """One step of Adam on mean((x^ W^T - y)^2) through QuantizedLinear, as a closure."""
+    lin = emulate.QuantizedLinear(torch.zeros(y.shape[-1], x.shape[-1]), None,
+                                  x_quantizer=None if once else x_quantizer,
+                                  grad_quantizer=RECIPES["fp8_tensor_e5m2"])
+    opt = emulate.Adam(lin.parameters(), lr=1e-2)
+    xin = emulate.quantize_input(x, x_quantizer) if once else x
+
+    def step():
+        opt.zero_grad()
+        emulate.mse_loss(lin(xin), y, "float32").backward()
+        opt.step()
+    return step
+
+
+def layer_table(repeats: int) -> str:
+    """Step times with the constant x quantized every step against once, per recipe."""
+    x, y = quantize_runs.outlier_regression(512, 128, 16, 100.0, (17, 90), seed=0)
+    rows = []
+    for name in ("fp8_tensor", "mxfp8", "nvfp4"):
+        every = fastest_ms(training_step(x, y, RECIPES[name], once=False), repeats)
+        once = fastest_ms(training_step(x, y, RECIPES[name], once=True), repeats)
+        rows.append((name, every, once, 1 - once / every))
+    return show(rows, [("x recipe", None), ("x quantized every step, ms", ".3f"),
+                       ("x quantized once, ms", ".3f"), ("saved", ".0%")],
+                title="One QuantizedLinear training step, 512 x 128 -> 16 (chapter 9's run)",
+                width=None).to_text()
 
 
 def main() -> None:
@@ -98,6 +133,8 @@ def main() -> None:
                  title="Quantizer cost against torch's float8 cast of the same tensor",
                  width=None)
     print(table.to_text())
+    print()
+    print(layer_table(args.repeats))
 
 
 if __name__ == "__main__":

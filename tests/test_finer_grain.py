@@ -208,6 +208,50 @@ def test_train_quantized_per_tensor_fp4_never_moves_the_dead_weights():
         train_quantized(x, y, None, lr=-1.0)
 
 
+def _train_per_step(x, y, x_quantizer, grad_quantizer, steps, w_quantizer=None):
+    """Oracle: train_quantized's loop with the layer quantizing the constant x on every step."""
+    lin = emulate.QuantizedLinear(torch.zeros(y.shape[-1], x.shape[-1]), None,
+                                  x_quantizer=x_quantizer, w_quantizer=w_quantizer,
+                                  grad_quantizer=grad_quantizer)
+    opt = emulate.Adam(lin.parameters(), lr=1e-2)
+    y0 = float(emulate.fixed_sum(y.double().ravel() ** 2, -1)) / y.numel()  # as the runs do
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = emulate.mse_loss(lin(x), y, "float32")
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()) / y0)
+    return np.array(losses), lin.weight.detach()
+
+
+@pytest.mark.parametrize("name, quantize_w", [("fp8_tensor", False), ("mxfp4", False),
+                                              ("nvfp4", True)])
+def test_train_quantized_quantizes_x_once_with_the_bits_of_quantizing_every_step(name,
+                                                                                 quantize_w):
+    x, y = outlier_regression(64, 32, 4, 100.0, (3,), seed=1)
+    calls = []
+
+    def counting(t):  # the recipe, counting its calls on x
+        calls.append(t)
+        return RECIPES[name](t)
+
+    wq = RECIPES[name] if quantize_w else None
+    grad_q = RECIPES["fp8_tensor_e5m2"]
+    run = train_quantized(x, y, counting, grad_q, steps=6, w_quantizer=wq)
+    losses, weight = _train_per_step(x, y, RECIPES[name], grad_q, 6, wq)
+    assert len(calls) == 1  # the constant input: quantized once
+    assert np.array_equal(run.losses, losses) and torch.equal(run.weight, weight)
+    assert len(set(run.losses.tolist())) == 6  # the oracle compares a moving run
+
+
+def test_train_quantized_calls_a_stateful_x_quantizer_once():
+    x, y = outlier_regression(32, 16, 2, 100.0, (3,), seed=2)
+    ds = DelayedScaling(amax_history_len=4)
+    train_quantized(x, y, ds, steps=3)
+    assert ds.history.tolist() == [float(x.abs().max()), 0.0, 0.0, 0.0]
+
+
 # ----------------------------------------------------------------------------- delayed scaling
 
 

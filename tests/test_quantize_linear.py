@@ -10,7 +10,11 @@ import torch
 from test_quantize import reference
 
 from precisionlab import emulate
-from precisionlab.emulate.quantized_linear import QuantizedLinear, quantized_linear
+from precisionlab.emulate.quantized_linear import (
+    QuantizedLinear,
+    quantize_input,
+    quantized_linear,
+)
 from precisionlab.quantize import DelayedScaling, quantize_blocks, quantize_per_tensor
 
 MX = functools.partial(quantize_blocks, block=8)  # small MX-style blocks along K
@@ -111,3 +115,52 @@ def test_delayed_scaling_inside_the_layer_updates_between_calls():
 def test_a_bad_quantizer_is_named(bad, err):
     with pytest.raises(err, match="x quantizer must"):
         quantized_linear(torch.ones(2, 4), torch.ones(3, 4), x_quantizer=bad)
+
+
+class Counting:
+    """A quantizer that counts its calls (the inputs it was handed, in order)."""
+
+    def __init__(self, quantizer):
+        self.quantizer, self.seen = quantizer, []
+
+    def __call__(self, t):
+        self.seen.append(t.clone())
+        return self.quantizer(t)
+
+
+def test_a_quantized_input_gives_the_same_bits_as_quantizing_in_the_layer():
+    # Oracle: the layer quantizing x itself. A Quantized x (quantized once by the caller)
+    # must give the same output, dW and shares, bit for bit.
+    rng = np.random.default_rng(10)
+    x = torch.from_numpy(rng.standard_normal((8, 16)).astype(np.float32))
+    x[:, 5] *= 300.0  # an outlier channel: some entries saturate or underflow
+    w, dy = dyadic((4, 16), 11), torch.from_numpy(rng.standard_normal((8, 4)).astype(np.float32))
+    q = functools.partial(quantize_blocks, elem="float4_e2m1fn", block=4)
+    grad_q = functools.partial(quantize_per_tensor, elem="float8_e5m2")
+    per_call = QuantizedLinear(w, x_quantizer=q, grad_quantizer=grad_q)
+    once = QuantizedLinear(w, grad_quantizer=grad_q)
+    y_ref, y = per_call(x), once(quantize_input(x, q))
+    y_ref.backward(dy)
+    y.backward(dy)
+    assert torch.equal(y, y_ref) and torch.equal(once.weight.grad, per_call.weight.grad)
+    assert once.stats == per_call.stats and once.stats["x"]["underflowed"] > 0
+
+
+def test_a_changing_input_is_still_quantized_on_every_call():
+    counting = Counting(MX)
+    lin = QuantizedLinear(dyadic((3, 16), 12), x_quantizer=counting)
+    xs = [torch.from_numpy(np.random.default_rng(s).standard_normal((5, 16)).astype(np.float32))
+          for s in range(3)]
+    for x in xs:  # each output is the product with this call's own quantized input
+        xh = MX(x).dequantize().to(torch.float32)
+        assert torch.equal(lin(x), emulate.linear(xh, lin.weight, None, "float32"))
+    assert len(counting.seen) == 3
+    assert all(torch.equal(a, b) for a, b in zip(counting.seen, xs, strict=True))
+
+
+def test_a_quantized_input_with_an_x_quantizer_is_refused():
+    x = dyadic((2, 16), 13)
+    with pytest.raises(ValueError, match="x_quantizer must be None"):
+        quantized_linear(quantize_input(x, MX), torch.ones(3, 16), x_quantizer=MX)
+    with pytest.raises(TypeError, match="x quantizer must"):
+        quantize_input(x, 3)

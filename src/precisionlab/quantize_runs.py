@@ -234,15 +234,17 @@ def train_quantized(x: torch.Tensor, y: torch.Tensor, x_quantizer: Quantizer | N
     """Adam on L = mean((Q(x) W^T - y)^2), W_0 = 0, through QuantizedLinear: L_t / mean(y^2) per step."""
     if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1; got steps={steps!r}")
+    # x is the same every step, so Q(x) is computed once, before the first step (a stateful
+    # quantizer such as DelayedScaling is called once, with the scale it holds then).
+    xq = x if x_quantizer is None else emulate.quantize_input(x, x_quantizer)
     lin = emulate.QuantizedLinear(torch.zeros(y.shape[-1], x.shape[-1]), None,
-                                  x_quantizer=x_quantizer, w_quantizer=w_quantizer,
-                                  grad_quantizer=grad_quantizer)
+                                  w_quantizer=w_quantizer, grad_quantizer=grad_quantizer)
     opt = emulate.Adam(lin.parameters(), lr=check_positive(lr, "lr"))
     y0 = _energy(y) / y.numel()  # the loss of W = 0
     losses = []
     for _ in range(int(steps)):
         opt.zero_grad()
-        loss = emulate.mse_loss(lin(x), y, "float32")
+        loss = emulate.mse_loss(lin(xq), y, "float32")
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()) / y0)

@@ -45,7 +45,8 @@ Files, one concept each (lowest first):
 * `optim`: `SGD`, `Adam`;
 * `quantize`: `fake_quantize`;
 * `quantized_linear`: `quantized_linear`, `QuantizedLinear`, a linear layer whose inputs
-  and output gradient pass through a `precisionlab.quantize` quantizer (FP8/MX recipes).
+  and output gradient pass through a `precisionlab.quantize` quantizer (FP8/MX recipes),
+  and `quantize_input`, which quantizes a constant input once for many calls.
 """
 
 from .activations import cast, exp, gelu, log, sigmoid, silu, tanh
@@ -58,7 +59,7 @@ from .optim import SGD, Adam
 from .precision import ACCUMULATORS, BACKENDS, Precision
 from .products import linear, matmul
 from .quantize import fake_quantize
-from .quantized_linear import QuantizedLinear, quantized_linear
+from .quantized_linear import QuantizedLinear, quantize_input, quantized_linear
 from .reductions import log_softmax, mean, sum
 from .sampling import randn
 from .summation import fixed_sum
@@ -86,6 +87,7 @@ __all__ = [
     "matmul",
     "mean",
     "mse_loss",
+    "quantize_input",
     "quantized_linear",
     "randn",
     "rms_norm",

@@ -9,19 +9,25 @@ import torch
 from ..quantize import Quantized
 from .products import linear
 
-__all__ = ["QuantizedLinear", "quantized_linear"]
+__all__ = ["QuantizedLinear", "quantize_input", "quantized_linear"]
 
 Quantizer = Callable[[torch.Tensor], Quantized]
 
 
-def _dequantized(t: torch.Tensor, quantizer: Quantizer, stats: dict | None, key: str):
-    """fl32(q * d) of quantizer(t): exact when the scales are powers of two; its shares go to stats[key]."""
+def quantize_input(t: torch.Tensor, quantizer: Quantizer, key: str = "x") -> Quantized:
+    """quantizer(t), checked: a constant input quantized once can be passed to quantized_linear as x."""
     if not callable(quantizer):
         raise TypeError(f"{key} quantizer must be a function x -> Quantized (e.g. "
                         f"functools.partial(quantize_blocks, block=32)); got {quantizer!r}")
     result = quantizer(t.detach())
     if not isinstance(result, Quantized):
         raise TypeError(f"{key} quantizer must return a Quantized; got {type(result).__name__}")
+    return result
+
+
+def _dequantized(t: torch.Tensor, quantizer: Quantizer, stats: dict | None, key: str):
+    """fl32(q * d) of quantizer(t): exact when the scales are powers of two; its shares go to stats[key]."""
+    result = quantize_input(t, quantizer, key)
     if stats is not None:
         stats[key] = result.shares
     return result.dequantize().to(torch.float32)
@@ -52,7 +58,20 @@ class _QuantizeGrad(torch.autograd.Function):
         return _dequantized(g, ctx.quantizer, ctx.stats, ctx.key), None, None, None
 
 
-def quantized_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
+def _input(x: torch.Tensor | Quantized, quantizer: Quantizer | None, stats: dict | None):
+    """x^ = fl32(Q_x(x)); a Quantized x is already x^ (quantized once by the caller): no Q_x then."""
+    if not isinstance(x, Quantized):
+        return x if quantizer is None else _Quantize.apply(x, quantizer, stats, "x")
+    if quantizer is not None:
+        raise ValueError("x is already quantized (a Quantized), so x_quantizer must be None; "
+                         f"got x_quantizer={quantizer!r}")
+    if stats is not None:
+        stats["x"] = x.shares
+    return x.dequantize().to(torch.float32)
+
+
+def quantized_linear(x: torch.Tensor | Quantized, w: torch.Tensor,
+                     b: torch.Tensor | None = None, *,
                      x_quantizer: Quantizer | None = None, w_quantizer: Quantizer | None = None,
                      grad_quantizer: Quantizer | None = None,
                      stats: dict | None = None) -> torch.Tensor:
@@ -65,9 +84,12 @@ def quantized_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = 
     scales). Gradients reach x and W straight through their quantizers, as FP8 training
     recipes do; the output gradient dy is quantized (E5M2 in Transformer Engine's HYBRID
     recipe) before both backward matmuls. stats, if given, receives each quantizer's shares
-    (saturated, underflowed, subnormal) under "x", "w" and "grad".
+    (saturated, underflowed, subnormal) under "x", "w" and "grad". An input that stays the
+    same every step can be quantized once, `quantize_input(x, Q_x)`, and passed as x (a
+    `Quantized`, with x_quantizer None): the same x^, without Q_x's work each call, and no
+    gradient to x.
     """
-    xh = x if x_quantizer is None else _Quantize.apply(x, x_quantizer, stats, "x")
+    xh = _input(x, x_quantizer, stats)
     wh = w if w_quantizer is None else _Quantize.apply(w, w_quantizer, stats, "w")
     y = linear(xh, wh, b, "float32")
     if grad_quantizer is not None:
@@ -94,8 +116,8 @@ class QuantizedLinear(torch.nn.Module):
         """A quantized copy of a torch.nn.Linear (its parameters in float32)."""
         return cls(lin.weight, lin.bias, **quantizers)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x W^T + b with the layer's quantizers; their shares land in self.stats."""
+    def forward(self, x: torch.Tensor | Quantized) -> torch.Tensor:
+        """x W^T + b with the layer's quantizers (x may be a Quantized); their shares land in self.stats."""
         return quantized_linear(x, self.weight, self.bias, x_quantizer=self.x_quantizer,
                                 w_quantizer=self.w_quantizer, grad_quantizer=self.grad_quantizer,
                                 stats=self.stats)

@@ -219,3 +219,42 @@ def test_scale_view_labels_at_most_48_ticks_on_big_models():
     names = [t.name for t in r.tensors]
     ticks = [t.get_text() for t in ax.get_xticklabels()]
     assert len(names) == 60 and ticks == names[::2]
+
+
+def test_scale_view_alt_text_states_each_frames_counts():
+    import re
+
+    from precisionlab import widgets
+    from precisionlab.diagnose.report import fmt_share
+
+    m, x, loss_fn = _cnn_case(factor=1.0)
+    r = diagnose.gradients(m, loss_fn, x, tail=0.01)
+    grads = [g.abs().double() for g in _direct_grads(m, x, loss_fn)]
+    names = [t.name for t in r.tensors]
+    _, _, over = diagnose.cast_thresholds("float16")
+    ks = list(range(-8, 44, 4))
+    view = widgets.interactive(r.scale_view, {"scale_exp": ks}, scale_exp=0)
+    fr = view.frames()
+    alts = [fr["alts"][f] for f, _ in fr["frames"]]
+    counts = []
+    for k, alt in zip(ks, alts, strict=True):
+        below = [int(((g != 0) & (g * 2.0**k < 2.0**-14)).sum()) / int((g != 0).sum())
+                 for g in grads]
+        ovf = [int((g * 2.0**k >= over).sum()) / int((g != 0).sum()) for g in grads]
+        low, red = sum(b > 0 for b in below), sum(o > 0 for o in ovf)
+        assert alt == r.scale_view(k)[0].alt and f"at loss scale 2^{k}." in alt
+        assert f"{low} of {len(grads)} tensors have such entries" in alt
+        assert f"; {red} of {len(grads)} have an entry that overflows" in alt
+        if low:
+            i = max(range(len(below)), key=below.__getitem__)
+            assert f"(the highest bar: {fmt_share(below[i])}, {names[i]})" in alt
+        if red:
+            i = max(range(len(ovf)), key=ovf.__getitem__)
+            assert f"the largest overflow share {fmt_share(ovf[i])} ({names[i]})" in alt
+        else:
+            assert "largest overflow" not in alt
+        counts.append((low, red))
+    assert len(set(counts)) >= 4  # the sweep crosses both floors and the overflow
+    assert len(set(alts)) == len(ks)  # each frame is described, not the default one
+    img = re.search(r'<img class="pl-frame" alt="([^"]*)"', view.static_html()).group(1)
+    assert img.endswith(alts[ks.index(0)].replace("'", "&#x27;"))

@@ -247,3 +247,72 @@ def test_recipe_share_checks_its_arguments():
     assert report.recipe_share("saturated", MX_IN) == report.recipe_share("saturated", "mx_in")
     c2 = next(t for t in report.tensors if t.name == "c2.weight")
     assert c2.recipes["mx_in"].applies  # 32 input channels along axis 1
+
+
+def _parsed_share(cell: str, value: float) -> bool:
+    """True when a share cell ('0', '<0.001%', '0.452%', '12.3%') shows value to its digits."""
+    if cell == "0":
+        return value == 0
+    if cell == "<0.001%":
+        return 0 < value < 1e-5
+    digits = len(cell.rstrip("%").split(".")[1])
+    return abs(Fraction(cell.rstrip("%")) / 100 - Fraction(value)) <= Fraction(1, 2 * 10**digits) / 100
+
+
+def _table_cells(table):
+    """(headers, rows) of a recipe table as text cells."""
+    return list(table.headers), [list(r) for r in table.rows]
+
+
+def test_recipe_table_is_a_block_of_rows_per_tensor_that_fits_the_column():
+    m, inputs, loss_fn = encoder_case()
+    names = ["mxfp4", "deepseek_weight"]
+    report = diagnose.gradients(m, loss_fn, inputs, recipe=names, activations=True)
+    table = report.recipe_table(limit=100)
+    heads, rows = _table_cells(table)
+    assert heads == ["tensor", "recipe", "sat", "0", "sub", "SQNR dB", "why n/a"]
+    assert len(rows) == len(names) * len(report.tensors)
+    reasons = dict(line.split(" ", 1) for line in table.note.splitlines()
+                   if line.startswith("("))
+    seen_na = 0
+    for i, t in enumerate(report.tensors):
+        block = rows[len(names) * i: len(names) * (i + 1)]
+        label = ("act " if t.kind == "activation" else "") + t.name
+        first = block[0][0]
+        assert first == label or (first.startswith("…") and label.endswith(first[1:]))
+        assert [r[0] for r in block[1:]] == [""] * (len(names) - 1)  # one name per block
+        for row, name in zip(block, names, strict=True):
+            s = t.recipes[name]
+            assert row[1] == name
+            if s.applies:
+                assert all(_parsed_share(c, v) for c, v in zip(
+                    row[2:5], (s.saturated, s.underflowed, s.subnormal), strict=True)), row
+                assert row[5] == "inf" if s.sqnr_db == math.inf else \
+                    abs(float(row[5]) - s.sqnr_db) <= 0.05
+                assert row[6] == ""
+            else:  # n/a, and the note gives the reason under the row's number
+                assert row[2:6] == ["n/a"] * 4 and reasons[row[6]] == s.skipped
+                seen_na += 1
+    assert seen_na > 10 and len(reasons) > 2
+    assert any("does not divide size 64" in why for why in reasons.values())
+    widths = [max(len(r[j]) for r in rows) for j in range(len(heads))]
+    assert sum(widths) + 2 * (len(widths) - 1) <= 80  # cells on one line fit 80 columns
+    text = table.to_text()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert sum(set(line) == {"-", " "} for line in text.splitlines()) == 1  # one block
+    assert table._repr_html_().count("<th ") == 7
+
+
+def test_recipe_table_without_skips_has_no_reason_column():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32))
+    x, y = torch.randn(32, 64), torch.randint(0, 32, (32,))
+    report = diagnose.gradients(m, lambda out: F.cross_entropy(out, y), x,
+                                recipe=["fp8_tensor", "mxfp8", "nvfp4"], activations=True)
+    heads, rows = _table_cells(report.recipe_table())
+    assert heads == ["tensor", "recipe", "sat", "0", "sub", "SQNR dB"]
+    assert [r[1] for r in rows] == ["fp8_tensor", "mxfp8", "nvfp4"] * len(report.tensors)
+    assert "n/a" not in [c for r in rows for c in r]
+    limited = report.recipe_table(limit=2)  # two tensors' blocks, then what was left out
+    left = len(report.tensors) - 2
+    assert len(limited.rows) == 7 and limited.rows[-1][0] == f"(+{left} more tensors)"

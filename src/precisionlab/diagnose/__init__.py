@@ -13,7 +13,9 @@
   the deterministic-algorithm flags, and by how many ulps.
 
 Each returns a `Report`: plain data, printed as a table, drawn by `.plot(ax=None)`.
-Files: `report`, `gradients`, `mismatch`, `determinism`; triage's `triage` (tracing, verdict),
+Files: `report`, `gradients` (with `recipe_shares`, its shares and table under a scaling
+recipe, and `scale_view`, the picture and alt text of its loss-scale view), `mismatch`,
+`determinism`; triage's `triage` (tracing, verdict),
 `opcheck` (each paired operation's check), `pairing` (which operations compare), `rules`,
 `rows` and `layers` (interval rules per operation: elementwise and shape, row-wise,
 convolution and attention), `bound_ops` (their shared interval arithmetic), `products`
@@ -22,8 +24,9 @@ replace) and `kernels` (compiled whole-rule passes built from those steps).
 """
 
 from .determinism import DeterminismReport, determinism, ulp_distance
-from .gradients import GradientReport, RecipeShares, TensorGradients, cast_thresholds, gradients
+from .gradients import GradientReport, TensorGradients, cast_thresholds, gradients
 from .mismatch import SETTINGS, MismatchReport, logprobs, mismatch
+from .recipe_shares import RecipeShares
 from .report import Report
 from .rules import supported
 from .triage import OpCheck, TriageReport, UnsupportedOperation, triage

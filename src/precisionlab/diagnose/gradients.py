@@ -9,7 +9,8 @@ for an optimizer step of size `lr`, how many weights stored in bfloat16 would no
 (chapter 1's rule, `updates.swallowed`). The symptom -> cause -> fix table of the underflow
 tutorial comes out filled in for the model. With ``recipe=`` (a `quantize.Recipe` or a preset
 name such as "mxfp8" or "nvfp4"), each gradient tensor is also quantized under that recipe:
-the shares saturated, underflowed to zero and left subnormal, and the SQNR in dB.
+the shares saturated, underflowed to zero and left subnormal, and the SQNR in dB (computed
+and tabulated in `recipe_shares`).
 
 A value x rounds (to nearest, ties to even) to zero in a format iff |x| <= q/2 (q the smallest
 subnormal), to a subnormal iff q/2 < |x| < n - q/2 (n the smallest normal), and to infinity iff
@@ -25,13 +26,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
 from ..formats import FloatFormat, get_format
-from ..quantize import RECIPES, Recipe
-from ..quantize import recipe as get_recipe
-from ..tables import Table, show, wrap
+from ..tables import Table
 from ..updates import swallowed as update_swallowed
+from .recipe_shares import (
+    RecipeShares,
+    as_recipes,
+    recipe_lines,
+    recipe_rows,
+    recipe_share,
+    recipe_shares,
+    recipe_table,
+)
 from .report import (
     Report,
     as_inputs,
@@ -44,6 +51,7 @@ from .report import (
     rows_fit,
     short,
 )
+from .scale_view import ViewTable, scale_alt, scale_figure
 
 __all__ = ["GradientReport", "RecipeShares", "TensorGradients", "cast_thresholds", "gradients",
            "recipe_shares"]
@@ -52,8 +60,6 @@ _EXP_OFFSET = 160  # frexp exponents of finite nonzero float32 values lie in -14
 _EXP_BINS = 300
 _OPTIMIZERS = ("sgd", "adam")
 _ADAM_EPS = 1e-8  # torch.optim.Adam's default eps
-_MAX_TICKS = 48  # scale_view names every tensor up to this many (then every 2nd, 3rd, ...)
-_MIN_MARK = 0.05  # scale_view draws a nonzero overflow share at least this high
 
 
 def cast_thresholds(fmt) -> tuple[float, float, float]:
@@ -64,48 +70,6 @@ def cast_thresholds(fmt) -> tuple[float, float, float]:
     q = f.min_subnormal
     top_ulp = 2.0 ** (f.emax - f.mantissa_bits)
     return q / 2, f.min_normal - q / 2, f.max_finite + top_ulp / 2
-
-
-@dataclass(frozen=True)
-class RecipeShares:
-    """One gradient tensor under one recipe: shares saturated/underflowed/subnormal and SQNR = 10 log10(sum g^2 / sum (g - deq)^2) dB."""
-
-    recipe: str
-    saturated: float | None = None  # None where the recipe does not apply (see skipped)
-    underflowed: float | None = None
-    subnormal: float | None = None
-    sqnr_db: float | None = None  # inf when the quantized tensor equals g
-    skipped: str = ""  # why the recipe does not apply to this tensor ("" where it does)
-
-    @property
-    def applies(self) -> bool:
-        """True when the recipe quantized this tensor (its block divides the shape, g is finite)."""
-        return not self.skipped
-
-
-def recipe_shares(g: torch.Tensor, recipes: Sequence[Recipe]) -> dict[str, RecipeShares]:
-    """{recipe name: RecipeShares} for gradient g; a block that does not divide g (or inf/NaN in g) is reported, not padded."""
-    out = {}
-    g32 = g.detach().to(torch.float32).cpu()
-    finite = bool(torch.isfinite(g32).all())
-    for r in recipes:
-        try:
-            r.block_sizes(tuple(g32.shape))
-        except ValueError as e:
-            reason = str(e).split(";")[0].replace("x's size", "size").replace("of x ", "of ")
-            out[r.name] = RecipeShares(r.name, skipped=reason)
-            continue
-        if not finite:
-            out[r.name] = RecipeShares(r.name, skipped="inf/NaN entries: no finite scale")
-            continue
-        q = r(g32)
-        g64 = g32.to(torch.float64)
-        signal = float((g64 * g64).sum())
-        noise = float(((g64 - q.dequantize()) ** 2).sum())
-        # noise > 0 needs some g != q d, so g != 0 and signal > 0
-        sqnr = math.inf if noise == 0 else 10 * math.log10(signal / noise)
-        out[r.name] = RecipeShares(r.name, q.saturated, q.underflowed, q.subnormal, sqnr)
-    return out
 
 
 @dataclass(frozen=True)
@@ -190,11 +154,6 @@ def _stats(name, kind, g, scale, formats, w=None, lr=None, optimizer="sgd",
                            recipe_shares(g, recipes) if recipes else {}, top)
 
 
-def _fmt_db(x: float | None) -> str:
-    """An SQNR in dB with one decimal ('inf' when exact, '-' for None)."""
-    return "-" if x is None else "inf" if x == math.inf else f"{x:.1f}"
-
-
 def _below_normal(hist: np.ndarray, fmt: FloatFormat, k: int) -> int:
     """Entries with |g| 2^k < fmt's smallest normal 2^emin: frexp exponent E <= emin - k."""
     top = fmt.emin - k + _EXP_OFFSET  # |g| in [2^(E-1), 2^E) lies below 2^t iff E <= t
@@ -262,71 +221,21 @@ class GradientReport(Report):
         if self.lr is not None:
             lines.append(f"{self.optimizer} step lr={self.lr:g}: bfloat16 weights that would not "
                          f"move: {fmt_share(self.swallowed_share)}")
-        for r in self.recipes:
-            ts = self._of("parameter")
-            done = [t for t in ts if t.recipes[r.name].applies]
-            worst = min(done, key=lambda t: t.recipes[r.name].sqnr_db, default=None)
-            low = "-" if worst is None else \
-                f"{_fmt_db(worst.recipes[r.name].sqnr_db)} dB ({short(worst.name, 24)})"
-            lines.append(wrap(f"{r.name}: saturated "
-                              f"{fmt_share(self.recipe_share('saturated', r.name))}, underflowed "
-                              f"{fmt_share(self.recipe_share('underflowed', r.name))}, subnormal "
-                              f"{fmt_share(self.recipe_share('subnormal', r.name))}; lowest SQNR "
-                              f"{low}; not quantized: {len(ts) - len(done)} of {len(ts)} "
-                              f"tensors"))
+        lines += recipe_lines(self._of("parameter"), self.recipes)
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ recipes
     def recipe_share(self, what: str, recipe, kind: str = "parameter") -> float:
         """saturated/underflowed/subnormal entries under recipe as a share of the entries of the tensors it quantized."""
-        name = recipe.name if isinstance(recipe, Recipe) else recipe
-        if name not in {r.name for r in self.recipes}:
-            raise ValueError(f"unknown recipe {name!r}; the report has: "
-                             f"{', '.join(r.name for r in self.recipes) or 'none'}")
-        if what not in ("saturated", "underflowed", "subnormal"):
-            raise ValueError(f"unknown share {what!r}; valid choices: saturated, underflowed, "
-                             f"subnormal")
-        done = [(t.numel, t.recipes[name]) for t in self._of(kind) if t.recipes[name].applies]
-        n = sum(k for k, _ in done)
-        return sum(k * getattr(s, what) for k, s in done) / n if n else 0.0
+        return recipe_share(self._of(kind), self.recipes, what, recipe)
 
     def recipe_rows(self) -> list[dict]:
         """One plain dict per tensor and recipe: tensor, kind, recipe, the three shares, sqnr_db, skipped."""
-        return [{"tensor": t.name, "kind": t.kind, "recipe": r.name,
-                 "saturated": s.saturated, "underflowed": s.underflowed,
-                 "subnormal": s.subnormal, "sqnr_db": s.sqnr_db, "skipped": s.skipped}
-                for t in self.tensors for r in self.recipes for s in (t.recipes[r.name],)]
+        return recipe_rows(self.tensors, self.recipes)
 
-    def recipe_table(self, limit: int = 24):
-        """One row per tensor: per recipe saturated / underflowed / subnormal shares and SQNR; n/a with the reason where it does not apply."""
-        if not self.recipes:
-            raise ValueError("the report has no recipe; call gradients(..., recipe='mxfp8') "
-                             f"with one of: {', '.join(RECIPES)}")
-        cols = ["tensor"]
-        for r in self.recipes:
-            cols += [f"{r.name} sat", f"{r.name} 0", f"{r.name} sub", f"{r.name} SQNR dB"]
-        cols.append("why n/a")
-        rows = []
-        for t in self.tensors:
-            row = [short(("act " if t.kind == "activation" else "") + t.name, 24)]
-            why = []
-            for r in self.recipes:
-                s = t.recipes[r.name]
-                if s.applies:
-                    row += [fmt_share(s.saturated), fmt_share(s.underflowed),
-                            fmt_share(s.subnormal), _fmt_db(s.sqnr_db)]
-                else:
-                    row += ["n/a"] * 4
-                    why.append(f"{r.name}: {s.skipped}")
-            rows.append([*row, "; ".join(why) or "-"])
-        fitted = rows_fit(rows, limit)
-        return show(fitted, cols, title="; ".join(r.describe() for r in self.recipes),
-                    align="l" + "r" * (len(cols) - 2) + "l",
-                    note="sat: saturated at the element format's max, 0: nonzero entries "
-                         "quantized to zero, sub: left subnormal (shares of the tensor's "
-                         "entries); SQNR = 10 log10(sum g^2 / sum (g - deq)^2), inf when "
-                         "exact. n/a: the recipe does not apply (its block does not divide the "
-                         "shape, or g has inf/NaN); tensors are never padded.")
+    def recipe_table(self, limit: int = 24) -> Table:
+        """A block of rows per tensor, one per recipe: saturated / zero / subnormal shares and SQNR; n/a with the reason where it does not apply."""
+        return recipe_table(self.tensors, self.recipes, limit)
 
     def to_text(self) -> str:
         """Summary lines, the table, and with recipes the recipe table."""
@@ -397,10 +306,10 @@ class GradientReport(Report):
         ax.legend(fontsize=7, loc="lower left")
         return ax
 
-
     def scale_view(self, scale_exp: int = 0, fmt: str = "float16"):
-        """(Table, Figure): per parameter tensor, the share of nonzero entries that stay below
-        fmt's normal floor and the share that overflows, at loss scale 2^scale_exp."""
+        """(ViewTable, Figure): per parameter tensor, the share of nonzero entries that stay below
+        fmt's normal floor and the share that overflows, at loss scale 2^scale_exp; the
+        table's alt says what the figure shows (drawn and worded in `scale_view`)."""
         f = get_format(fmt)
         if isinstance(scale_exp, bool) or not isinstance(scale_exp, (int, np.integer)):
             raise ValueError(f"scale_exp must be an integer; got scale_exp={scale_exp!r}")
@@ -423,41 +332,12 @@ class GradientReport(Report):
             ts, f, self.tail, self._of("activation"))
         rows.append([f"scales that work (tail {self.tail:g})",
                      "none" if r is None else f"2^{r[0]} .. 2^{r[1]}"])
-        fig = Figure(figsize=(7, 3.2))
-        ax = fig.add_subplot()
-        x = np.arange(len(ts))
-        ax.bar(x, below, color=["#D55E00" if o else "#0072B2" for o in ovf])
-        _overflow_marks(ax, x, ts, ovf, over_n)
-        ax.set_ylim(0, 1)
-        ax.set_yticks(np.linspace(0, 1, 6))
-        step = -(-len(ts) // _MAX_TICKS)  # every tensor named, up to _MAX_TICKS labels
-        ax.set_xticks(x[::step])
-        ax.set_xticklabels([short(t.name, 22) for t in ts[::step]], rotation=45, ha="right",
-                           fontsize=6)
-        ax.set_xlim(-0.7, len(ts) - 0.3)
-        ax.set_xlabel("parameter tensor, in model order")
-        ax.set_ylabel("share of nonzero entries")
-        ax.set_title(f"{f.name}, loss scale 2^{scale_exp}: bars below the normal floor "
-                     f"(red: the tensor overflows)", fontsize=9)
-        fig.subplots_adjust(bottom=0.42, left=0.1, right=0.98, top=0.9)
-        return Table(["", ""], rows), fig
-
-
-def _overflow_marks(ax, x, ts, ovf, over_n) -> None:
-    """Red stems beside the overflowing tensors' bars: height the overflow share, drawn at least _MIN_MARK."""
-    idx = [i for i, o in enumerate(ovf) if o]
-    if not idx:
-        return
-    shares = [None if over_n[i] is None else over_n[i] / max(int(ts[i].exponents.sum()), 1)
-              for i in idx]
-    tops = [_MIN_MARK if s is None else max(s, _MIN_MARK) for s in shares]
-    xs = x[idx] + 0.3
-    ax.vlines(xs, 0, tops, color="#D55E00", lw=1.5)
-    big = max((s for s in shares if s is not None), default=None)
-    label = ("overflow share" + (f" (largest {fmt_share(big)})" if big is not None else "")
-             + f"; drawn at least {_MIN_MARK:.0%} high")
-    ax.plot(xs, tops, ls="none", marker="v", ms=4, color="#D55E00", label=label)
-    ax.legend(fontsize=7, loc="upper right", frameon=False)
+        names = [t.name for t in ts]
+        shares = [n / max(int(t.exponents.sum()), 1) if o and n is not None else None
+                  for t, o, n in zip(ts, ovf, over_n, strict=True)]  # the stems' heights
+        alt = scale_alt(names, below, ovf, shares, f.name, scale_exp)
+        return ViewTable(["", ""], rows, alt=alt), scale_figure(names, below, ovf, shares,
+                                                                f.name, scale_exp)
 
 
 def _scale_range(ts: Sequence[TensorGradients], fmt: FloatFormat, tail: float,
@@ -522,7 +402,7 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
         raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(_OPTIMIZERS)}")
     if not (isinstance(tail, (int, float)) and 0 <= tail < 1):
         raise ValueError(f"tail must be a share in [0, 1); got tail={tail!r}")
-    recipes = _as_recipes(recipe)
+    recipes = as_recipes(recipe)
 
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not params:
@@ -564,21 +444,3 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
                           float(tail), None if lr is None else float(lr), optimizer, ranges,
                           recipes=recipes)
 
-
-def _as_recipes(recipe) -> tuple[Recipe, ...]:
-    """() for None; the Recipe(s) a Recipe, a preset name or a sequence of them names (distinct names)."""
-    if recipe is None:
-        return ()
-    items = [recipe] if isinstance(recipe, (str, Recipe)) else recipe
-    try:
-        out = tuple(get_recipe(r) for r in items)
-    except TypeError:
-        out = ()
-    if not out:
-        raise ValueError(f"recipe must be a quantize.Recipe, a preset name ({', '.join(RECIPES)}) "
-                         f"or a non-empty sequence of them; got recipe={recipe!r}")
-    names = [r.name for r in out]
-    if len(set(names)) != len(names):
-        raise ValueError(f"recipe names must be distinct (the report is keyed by name); got "
-                         f"{names}")
-    return out

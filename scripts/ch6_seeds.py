@@ -19,7 +19,7 @@ Run (from the repository root):
     python3 scripts/ch6_seeds.py            # writes data/ch6_seeds.json + .npz
 
 The arithmetic is precisionlab.emulate's, so the stored numbers are the same on every
-machine and thread count; tests/test_rl.py and hidden cells of chapter 6 re-run stored runs
+machine and thread count; tests/test_rl_stored.py and hidden cells of chapter 6 re-run stored runs
 and compare them bit for bit, and the chapter checks that its run configurations are the
 stored ones.
 """

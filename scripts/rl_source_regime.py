@@ -14,7 +14,7 @@ Run (from the repository root):
     python3 scripts/rl_source_regime.py --jobs 1   # one process (same results, bit for bit)
 
 The arithmetic is precisionlab.emulate's, so the stored numbers are the same on every
-machine, thread count and process layout; tests/test_rl.py re-runs the first steps and
+machine, thread count and process layout; tests/test_rl_stored.py re-runs the first steps and
 compares them exactly. Chapter 6 loads the stored results.
 """
 

@@ -1,0 +1,152 @@
+"""Tests for precisionlab.rl's stored runs: save and load, finding the files, provenance,
+and the stored experiments that the chapters replay (re-run with today's package, bit for bit).
+
+Oracles: the scripts that made each file (their configurations, re-run for the first steps
+and compared with the stored per-step logs, gradient reports and mu_W exactly) and
+round-trips through the file format.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from precisionlab import rl
+
+# one thread keeps any native-kernel comparison in one order (the emulated runs do not care)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_runs_survive_save_and_load(tmp_path):
+    cfg = rl.PolicyConfig(n_prompts=2, max_len=5, vocab=16, width=8, hidden=8, depth=1)
+    runs = {"a": rl.RunConfig(steps=2), "b": rl.RunConfig(steps=2, trainer="bf16", lr=1e-3)}
+    logs = rl.train_seeds(cfg, runs, [0, 1], progress=False, gradients=(1,))
+    rl.save_runs(tmp_path / "runs.json", logs, {"command": "test"})
+    meta, back = rl.load_runs(tmp_path / "runs.json")
+    assert meta["command"] == "test" and meta["seeds"] == [0, 1]
+    for seed in (0, 1):
+        for name, run in runs.items():
+            assert back[seed][name].config == run
+            for k, v in logs[seed][name].arrays().items():
+                np.testing.assert_array_equal(back[seed][name].arrays()[k], v)  # bit for bit
+            # gradient reports (seed 0 only): the same floats, steps as ints
+            np.testing.assert_equal(back[seed][name].gradients, logs[seed][name].gradients)
+    assert set(back[0]["a"].gradients) == {1} and back[1]["a"].gradients == {}
+
+
+def test_find_stored_looks_upwards(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.json").write_text("{}")
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    assert rl.find_stored("x.json", deep) == tmp_path / "data" / "x.json"
+    # An editable install (this checkout) records a file:// origin: nothing to download.
+    with pytest.raises(FileNotFoundError, match=r"scripts/rl_source_regime\.py"):
+        rl.find_stored("missing.json", deep)
+
+
+def test_find_stored_uses_the_clone_pip_installed_from(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    clone = tmp_path / "my clone"
+    (clone / "data").mkdir(parents=True)
+    (clone / "data" / "x.json").write_text("{}")
+
+    class Installed:
+        def read_text(self, name):
+            assert name == "direct_url.json"
+            return ('{"url": "file://localhost' + str(clone).replace(" ", "%20")
+                    + '", "vcs_info": {"vcs": "git", "commit_id": "abc"}}')
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Installed())
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    assert rl.find_stored("x.json", elsewhere) == clone / "data" / "x.json"
+
+
+# --------------------------------------------------------------------------- stored runs
+
+
+_DATA = Path(__file__).resolve().parents[1] / "data" / "rl_source_regime.json"
+
+
+def _script():
+    import importlib.util
+
+    path = _DATA.parents[1] / "scripts" / "rl_source_regime.py"
+    spec = importlib.util.spec_from_file_location("rl_source_regime", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_stored_source_regime_matches_its_script_and_replays_exactly():
+    # The chapter loads these results instead of training for minutes; they must be what the
+    # script's configuration gives with today's package, bit for bit: re-run the first steps.
+    meta, logs = rl.load_runs(_DATA)
+    script = _script()
+    assert meta["command"].startswith("python3 scripts/rl_source_regime.py")
+    assert meta["precisionlab_version"] and meta["torch_version"] and len(meta["seeds"]) >= 3
+    cfg = rl.PolicyConfig(**meta["policy"])
+    assert cfg == script.POLICY
+    assert {k: v.config for k, v in logs[meta["seeds"][0]].items()} == script.runs()
+    seed = meta["seeds"][0]
+    steps = 3
+    for name in ("matched", "mismatched"):
+        stored = logs[seed][name].arrays()
+        log = rl.train(cfg, rl.with_changes(logs[seed][name].config, steps=steps), seed=seed,
+                       progress=False)
+        for k, v in log.arrays().items():
+            np.testing.assert_array_equal(v, stored[k][:steps], err_msg=f"{name}: {k}")
+
+
+def test_provenance_names_the_command_and_the_versions():
+    import platform
+
+    import numba
+
+    from precisionlab import __version__
+
+    got = rl.provenance(["scripts/make_it.py", "--steps", "3"])
+    assert got == {"command": "python3 scripts/make_it.py --steps 3",
+                   "precisionlab_version": __version__, "torch_version": torch.__version__,
+                   "numpy_version": np.__version__, "numba_version": numba.__version__,
+                   "python_version": platform.python_version()}
+    assert rl.provenance()["command"].startswith("python3 ")  # sys.argv by default
+
+
+_CH6 = _DATA.parent / "ch6_seeds.json"
+
+
+def test_stored_chapter_seeds_match_their_script_and_replay_exactly():
+    # Chapter 6 loads its seeds 1 and 2 instead of training them: they must be what the
+    # script's configuration gives with today's package, bit for bit, gradient reports and
+    # per-step mu_W included.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "ch6_seeds", _DATA.parents[1] / "scripts" / "ch6_seeds.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    meta, logs = rl.load_runs(_CH6)
+    assert meta["command"].startswith("python3 scripts/ch6_seeds.py")
+    assert meta["precisionlab_version"] and meta["torch_version"]
+    assert meta["seeds"] == list(script.SEEDS) and rl.PolicyConfig(**meta["policy"]) == script.POLICY
+    seed = meta["seeds"][0]
+    assert {k: v.config for k, v in logs[seed].items()} == script.runs()
+    steps = 4
+    assert set(script.RECORDED) <= set(script.REPORTED) <= set(script.runs())
+    replay = script.train_seed(seed, {k: script.runs()[k] for k in script.REPORTED}, steps)
+    for name in script.REPORTED:
+        stored = logs[seed][name]
+        assert set(stored.gradients) == set(script.GRADIENT_STEPS)
+        for k, v in replay[name].arrays().items():
+            np.testing.assert_array_equal(v, stored.arrays()[k][:steps], err_msg=f"{name}: {k}")
+        np.testing.assert_equal(replay[name].gradients[3], stored.gradients[3])  # nan == nan
+    for name in script.RECORDED:
+        assert rl.weight_means(replay[name]) == meta["weight_means"][f"{seed}.{name}"][:steps]
+    unreported = [k for k in script.runs() if k not in script.REPORTED]
+    assert all(not logs[seed][k].gradients for k in unreported)

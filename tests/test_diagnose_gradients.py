@@ -211,6 +211,76 @@ def test_scale_view_shows_every_overflow_and_names_every_tensor():
     assert not fig0.axes[0].collections and fig0.axes[0].get_legend() is None
 
 
+def _names(tied):
+    """The alt's list of names: up to three, then how many more."""
+    if len(tied) > 3:
+        return f"{', '.join(tied[:3])} and {len(tied) - 3} more"
+    return tied[0] if len(tied) == 1 else f"{', '.join(tied[:-1])} and {tied[-1]}"
+
+
+def _highest_bars(below, names):
+    """What the alt must say of the highest bar, naming every tensor that ties for it."""
+    from precisionlab.diagnose.report import fmt_share
+
+    top = max(below)
+    tied = [n for n, b in zip(names, below, strict=True) if b == top]
+    if len(tied) == 1:
+        return f"(the highest bar: {fmt_share(top)}, {tied[0]})"
+    return f"(the {len(tied)} highest bars, {fmt_share(top)} each: {_names(tied)})"
+
+
+def _largest_overflow(ovf, names):
+    """What the alt must say of the largest overflow share, naming every tensor that has it."""
+    from precisionlab.diagnose.report import fmt_share
+
+    top = max(ovf)
+    tied = [n for n, o in zip(names, ovf, strict=True) if o == top]
+    return f"the largest overflow share {fmt_share(top)} ({_names(tied)})"
+
+
+class _Twins(torch.nn.Module):
+    """Two linear layers with the same weights side by side: their gradients are equal."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.b.load_state_dict(self.a.state_dict())
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+def test_scale_view_alt_text_names_every_bar_that_ties_for_the_highest():
+    m, x = _Twins(), torch.randn(4, 8, generator=torch.Generator().manual_seed(4))
+
+    def loss_fn(out):
+        return out.square().sum()
+
+    r = diagnose.gradients(m, loss_fn, x)
+    grads = [g.abs().double() for g in _direct_grads(m, x, loss_fn)]
+    assert torch.equal(grads[0], grads[2]) and torch.equal(grads[1], grads[3])  # twins
+    names = [t.name for t in r.tensors]
+    _, _, over = diagnose.cast_thresholds("float16")
+    seen = set()
+    for k in range(-40, 24):
+        alt = r.scale_view(k)[0].alt
+        below = [int(((g != 0) & (g * 2.0**k < 2.0**-14)).sum()) / int((g != 0).sum())
+                 for g in grads]
+        ovf = [int((g * 2.0**k >= over).sum()) / int((g != 0).sum()) for g in grads]
+        if max(below) > 0:
+            assert _highest_bars(below, names) in alt
+            seen.add(("below", below.count(max(below))))
+        if max(ovf) > 0:
+            assert _largest_overflow(ovf, names) in alt
+            seen.add(("overflow", ovf.count(max(ovf))))
+    # a tensor and its twin tie (2), or all four tensors do (4): never one alone
+    assert {n for _, n in seen} <= {2, 4}
+    assert {("below", 2), ("below", 4), ("overflow", 2)} <= seen
+    assert "(the 4 highest bars, 100.0% each: a.weight, a.bias, b.weight and 1 more)" in \
+        r.scale_view(-40)[0].alt  # every entry of every tensor below the floor
+
+
 def test_scale_view_labels_at_most_48_ticks_on_big_models():
     torch.manual_seed(0)
     m = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(30)])  # 60 tensors
@@ -225,7 +295,6 @@ def test_scale_view_alt_text_states_each_frames_counts():
     import re
 
     from precisionlab import widgets
-    from precisionlab.diagnose.report import fmt_share
 
     m, x, loss_fn = _cnn_case(factor=1.0)
     r = diagnose.gradients(m, loss_fn, x, tail=0.01)
@@ -246,11 +315,9 @@ def test_scale_view_alt_text_states_each_frames_counts():
         assert f"{low} of {len(grads)} tensors have such entries" in alt
         assert f"; {red} of {len(grads)} have an entry that overflows" in alt
         if low:
-            i = max(range(len(below)), key=below.__getitem__)
-            assert f"(the highest bar: {fmt_share(below[i])}, {names[i]})" in alt
+            assert _highest_bars(below, names) in alt
         if red:
-            i = max(range(len(ovf)), key=ovf.__getitem__)
-            assert f"the largest overflow share {fmt_share(ovf[i])} ({names[i]})" in alt
+            assert _largest_overflow(ovf, names) in alt
         else:
             assert "largest overflow" not in alt
         counts.append((low, red))

@@ -150,3 +150,25 @@ def test_stored_chapter_seeds_match_their_script_and_replay_exactly():
         assert rl.weight_means(replay[name]) == meta["weight_means"][f"{seed}.{name}"][:steps]
     unreported = [k for k in script.runs() if k not in script.REPORTED]
     assert all(not logs[seed][k].gradients for k in unreported)
+
+
+def test_stored_runs_chapter_6_only_loads_replay_to_the_last_step():
+    # Chapter 6 loads seed 0's eps = 0.05 pair and its two fixes instead of training them,
+    # and its hidden cells can afford to re-run only their first steps: here every step.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "ch6_seeds", _DATA.parents[1] / "scripts" / "ch6_seeds.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    meta, logs = rl.load_runs(_CH6)
+    seed = meta["seeds"][0]
+    names = ["matched, eps 0.05", "mismatched, eps 0.05", "ratio from shadow, eps 0.05",
+             "detached weights, eps 0.05"]
+    replay = script.train_seed(seed, {k: script.runs()[k] for k in names})
+    for name in names:
+        stored = logs[seed][name]
+        assert len(stored.reward) == script.STEPS
+        for k, v in replay[name].arrays().items():
+            np.testing.assert_array_equal(v, stored.arrays()[k], err_msg=f"{name}: {k}")
+        np.testing.assert_equal(replay[name].gradients, stored.gradients)  # nan == nan

@@ -231,7 +231,7 @@ class QuantizedRun(NamedTuple):
 def train_quantized(x: torch.Tensor, y: torch.Tensor, x_quantizer: Quantizer | None,
                     grad_quantizer: Quantizer | None = None, *, steps: int = 120,
                     lr: float = 1e-2, w_quantizer: Quantizer | None = None) -> QuantizedRun:
-    """Adam on L = mean((Q(x) W^T - y)^2), W_0 = 0, through QuantizedLinear: L_t / mean(y^2) per step."""
+    """Adam on L = mean((Q(x) W^T - y)^2), W_0 = 0, Q(x) computed once (a stateful Q runs once): L_t / mean(y^2) per step."""
     if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1; got steps={steps!r}")
     # x is the same every step, so Q(x) is computed once, before the first step (a stateful

@@ -4,7 +4,7 @@ Per parameter tensor a bar: the share of its nonzero gradient entries below a fo
 floor at loss scale 2^k (red when the tensor has an entry that overflows), and beside each
 overflowing tensor a red stem as high as its overflow share, drawn at least `MIN_MARK` high so
 that a single entry shows. `scale_alt` says the same in one sentence (the frame's alt text in
-a widget), carried by the view's `ViewTable`.
+a widget), carried by the view's `ViewTable`; where bars tie for the highest, it names them all.
 """
 
 from __future__ import annotations
@@ -72,19 +72,35 @@ def _overflow_marks(ax, x, ovf, shares) -> None:
 
 def scale_alt(names: Sequence[str], below: Sequence[float], ovf: Sequence[bool],
               shares: Sequence[float | None], fmt: str, k: int) -> str:
-    """scale_figure in words: how many tensors keep entries below the floor, how many overflow, the largest of each."""
+    """scale_figure in words: how many tensors keep entries below the floor, how many overflow, the largest of each (all that tie)."""
     n = len(names)
     low = [i for i, b in enumerate(below) if b > 0]
     text = (f"Bars per parameter tensor, in model order: the share of nonzero gradient entries "
             f"below {fmt}'s normal floor at loss scale 2^{k}. {len(low)} of {n} tensors have "
             f"such entries")
     if low:
-        i = max(low, key=lambda j: below[j])
-        text += f" (the highest bar: {fmt_share(below[i])}, {names[i]})"
+        top, tied = _largest(below, low, names)
+        text += (f" (the highest bar: {fmt_share(top)}, {tied[0]})" if len(tied) == 1 else
+                 f" (the {len(tied)} highest bars, {fmt_share(top)} each: {_listed(tied)})")
     text += f"; {sum(ovf)} of {n} have an entry that overflows" + (" (red, with a stem)"
                                                                   if any(ovf) else "")
     big = [i for i, s in enumerate(shares) if s is not None]
     if big:
-        i = max(big, key=lambda j: shares[j])
-        text += f", the largest overflow share {fmt_share(shares[i])} ({names[i]})"
+        top, tied = _largest(shares, big, names)
+        text += f", the largest overflow share {fmt_share(top)} ({_listed(tied)})"
     return text + "."
+
+
+def _largest(values: Sequence, idx: Sequence[int], names: Sequence[str]):
+    """(max of values over idx, the names of every tensor in idx that reaches it, in model order)."""
+    top = max(values[j] for j in idx)
+    return top, [names[j] for j in idx if values[j] == top]
+
+
+def _listed(names: Sequence[str], most: int = 3) -> str:
+    """'a', 'a and b', 'a, b and c', 'a, b, c and 2 more': up to `most` names."""
+    shown = list(names[:most])
+    rest = len(names) - len(shown)
+    if rest:
+        return ", ".join(shown) + f" and {rest} more"
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]

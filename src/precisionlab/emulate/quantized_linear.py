@@ -15,7 +15,7 @@ Quantizer = Callable[[torch.Tensor], Quantized]
 
 
 def quantize_input(t: torch.Tensor, quantizer: Quantizer, key: str = "x") -> Quantized:
-    """quantizer(t), checked: a constant input quantized once can be passed to quantized_linear as x."""
+    """quantizer(t), checked: a constant input quantized once can be passed to quantized_linear as x (a stateful quantizer, e.g. DelayedScaling, then runs once, with the scale it holds now)."""
     if not callable(quantizer):
         raise TypeError(f"{key} quantizer must be a function x -> Quantized (e.g. "
                         f"functools.partial(quantize_blocks, block=32)); got {quantizer!r}")
@@ -87,7 +87,10 @@ def quantized_linear(x: torch.Tensor | Quantized, w: torch.Tensor,
     (saturated, underflowed, subnormal) under "x", "w" and "grad". An input that stays the
     same every step can be quantized once, `quantize_input(x, Q_x)`, and passed as x (a
     `Quantized`, with x_quantizer None): the same x^, without Q_x's work each call, and no
-    gradient to x.
+    gradient to x. The same x^ for a stateless Q_x (a recipe) only: a stateful one such as
+    `quantize.DelayedScaling` is then called once, so every call uses the scale it held then
+    (m = 1 before it has a history) and its history records x's amax once, where passing x
+    with x_quantizer=Q_x calls it on every call and x^ follows its updated scale.
     """
     xh = _input(x, x_quantizer, stats)
     wh = w if w_quantizer is None else _Quantize.apply(w, w_quantizer, stats, "w")

@@ -8,6 +8,7 @@ round-trips through the file format.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -73,11 +74,10 @@ def test_find_stored_uses_the_clone_pip_installed_from(tmp_path, monkeypatch):
 _DATA = Path(__file__).resolve().parents[1] / "data" / "rl_source_regime.json"
 
 
-def _script():
-    import importlib.util
-
-    path = _DATA.parents[1] / "scripts" / "rl_source_regime.py"
-    spec = importlib.util.spec_from_file_location("rl_source_regime", path)
+def _script(name="rl_source_regime"):
+    """scripts/<name>.py, imported as a module (its configurations are the oracle)."""
+    path = _DATA.parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -125,12 +125,7 @@ def test_stored_chapter_seeds_match_their_script_and_replay_exactly():
     # Chapter 6 loads its seeds 1 and 2 instead of training them: they must be what the
     # script's configuration gives with today's package, bit for bit, gradient reports and
     # per-step mu_W included.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "ch6_seeds", _DATA.parents[1] / "scripts" / "ch6_seeds.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _script("ch6_seeds")
     meta, logs = rl.load_runs(_CH6)
     assert meta["command"].startswith("python3 scripts/ch6_seeds.py")
     assert meta["precisionlab_version"] and meta["torch_version"]
@@ -155,12 +150,7 @@ def test_stored_chapter_seeds_match_their_script_and_replay_exactly():
 def test_stored_runs_chapter_6_only_loads_replay_to_the_last_step():
     # Chapter 6 loads seed 0's eps = 0.05 pair and its two fixes instead of training them,
     # and its hidden cells can afford to re-run only their first steps: here every step.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "ch6_seeds", _DATA.parents[1] / "scripts" / "ch6_seeds.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = _script("ch6_seeds")
     meta, logs = rl.load_runs(_CH6)
     seed = meta["seeds"][0]
     names = ["matched, eps 0.05", "mismatched, eps 0.05", "ratio from shadow, eps 0.05",

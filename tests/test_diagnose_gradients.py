@@ -199,8 +199,14 @@ def test_scale_view_shows_every_overflow_and_names_every_tensor():
     below = [int(((g != 0) & (g.abs().double() * 2.0**k < 2.0**-14)).sum()) / n
              for g, n in zip(grads, nz, strict=True)]
     assert [b.get_height() for b in ax.patches] == below  # the bars are unchanged
-    stems = {round(s[0][0] - 0.3): s[1][1] for s in ax.collections[0].get_segments()}
+    segments = ax.collections[0].get_segments()
+    stems = {round(s[0][0] - 0.3): s[1][1] for s in segments}
     assert stems == {i: max(s, 0.05) for i, s in enumerate(shares) if s}
+    assert [s[0][0] for s in segments] == [i + 0.3 for i, s in enumerate(shares) if s]  # beside
+    # red bars exactly for the tensors with an overflowing entry, blue for the rest
+    assert [mcolors.to_hex(b.get_facecolor()) for b in ax.patches] == [
+        "#d55e00" if n else "#0072b2" for n in over_n]
+    assert 0 < sum(map(bool, over_n)) < len(over_n)  # both colours occur
     assert mcolors.to_hex(ax.collections[0].get_color()[0]) == "#d55e00"
     label = ax.get_legend().get_texts()[0].get_text()
     assert f"largest {fmt_share(max(shares))}" in label and "at least 5%" in label
@@ -314,6 +320,7 @@ def test_scale_view_alt_text_states_each_frames_counts():
         assert alt == r.scale_view(k)[0].alt and f"at loss scale 2^{k}." in alt
         assert f"{low} of {len(grads)} tensors have such entries" in alt
         assert f"; {red} of {len(grads)} have an entry that overflows" in alt
+        assert ("(red, with a stem)" in alt) == (red > 0)
         if low:
             assert _highest_bars(below, names) in alt
         if red:
@@ -325,3 +332,47 @@ def test_scale_view_alt_text_states_each_frames_counts():
     assert len(set(alts)) == len(ks)  # each frame is described, not the default one
     img = re.search(r'<img class="pl-frame" alt="([^"]*)"', view.static_html()).group(1)
     assert img.endswith(alts[ks.index(0)].replace("'", "&#x27;"))
+
+
+class _Probe(torch.nn.Module):
+    """loss = sum(p * x): the gradient of p is the batch x itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.zeros(2, 8))
+
+    def forward(self, x):
+        return (self.p * x).sum()
+
+
+def test_scale_view_counts_an_entry_exactly_at_the_overflow_threshold():
+    import matplotlib.colors as mcolors
+
+    from precisionlab.diagnose.report import fmt_share
+
+    # |g| 2^20 = 65520 = 65504 + ulp(65504)/2: a tie that float16 rounds to inf (torch's cast
+    # is the oracle); at 2^19 it stays finite. The report counts float16 only under formats.
+    x = torch.full((2, 8), 2.0**-12)
+    x[1, 3] = -65520 * 2.0**-20
+    share = int(torch.isinf((x * 2.0**20).half()).sum()) / x.numel()
+    assert share > 0
+    assert not torch.isinf((x * 2.0**19).half()).any()
+    for formats in (("float16", "bfloat16"), ("bfloat16",)):
+        r = diagnose.gradients(_Probe(), lambda out: out, x, formats=formats)
+        table, fig = r.scale_view(20, "float16")
+        rows = dict(table.rows)
+        assert rows["tensors with an overflowing entry"] == "1 of 1"
+        assert "; 1 of 1 have an entry that overflows (red, with a stem)" in table.alt
+        ax = fig.axes[0]
+        assert mcolors.to_hex(ax.patches[0].get_facecolor()) == "#d55e00"
+        (stem,) = ax.collections[0].get_segments()
+        if "float16" in formats:  # counted: the share (1 of 16 entries), drawn as it is
+            assert stem[1][1] == share and rows["nonzero gradients that overflow"] == \
+                fmt_share(share)
+            assert f"the largest overflow share {fmt_share(share)} (p)" in table.alt
+        else:  # not counted: the share is unknown, the stem has the least height
+            assert stem[1][1] == 0.05 and "largest overflow share" not in table.alt
+            assert "nonzero gradients that overflow" not in rows
+        quiet = r.scale_view(19, "float16")
+        assert dict(quiet[0].rows)["tensors with an overflowing entry"] == "0 of 1"
+        assert not quiet[1].axes[0].collections

@@ -9,6 +9,7 @@ repeat_interleave, not the package's `dequantize`.
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 
 import pytest
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from precisionlab import diagnose
+from precisionlab.diagnose.report import fmt_share
 from precisionlab.quantize import RECIPES, Recipe, recipe
 
 MX_IN = Recipe("mx_in", "float8_e4m3fn", "block", 32, "float8_e8m0fnu", axis=1)
@@ -294,6 +296,9 @@ def test_recipe_table_is_a_block_of_rows_per_tensor_that_fits_the_column():
                 assert row[2:6] == ["n/a"] * 4 and reasons[row[6]] == s.skipped
                 seen_na += 1
     assert seen_na > 10 and len(reasons) > 2
+    # the reasons are numbered 1, 2, ... in the order the rows first use them
+    used = list(dict.fromkeys(r[6] for r in rows if r[6]))
+    assert used == [f"({k})" for k in range(1, len(reasons) + 1)] == list(reasons)
     assert any("does not divide size 64" in why for why in reasons.values())
     widths = [max(len(r[j]) for r in rows) for j in range(len(heads))]
     assert sum(widths) + 2 * (len(widths) - 1) <= 80  # cells on one line fit 80 columns
@@ -316,3 +321,93 @@ def test_recipe_table_without_skips_has_no_reason_column():
     limited = report.recipe_table(limit=2)  # two tensors' blocks, then what was left out
     left = len(report.tensors) - 2
     assert len(limited.rows) == 7 and limited.rows[-1][0] == f"(+{left} more tensors)"
+    every = report.recipe_table(limit=len(report.tensors))  # all shown: nothing left out
+    assert [list(r) for r in every.rows] == rows and "more tensors" not in every.to_text()
+
+
+def _direct_recipe(g, rr):
+    """rr(g), or None where the recipe's block does not fit g's shape (the oracle's 'skipped')."""
+    try:
+        return rr(g)
+    except ValueError:
+        return None
+
+
+def test_summary_lines_rows_and_shares_against_the_recipes_called_directly():
+    # Oracle: every recipe called on the autograd gradients; shares as exact Fractions of
+    # entry counts over the tensors it quantized, the lowest SQNR by math.fsum.
+    m, inputs, loss_fn = cnn_case()
+    report = diagnose.gradients(m, loss_fn, inputs, recipe=ALL)
+    direct = direct_gradients(m, inputs, loss_fn)
+    params = [n for kind, n in direct if kind == "parameter"]
+    flat = " ".join(report.summary().split())  # the recipe lines wrap at 80 columns
+    rows = {(r["tensor"], r["recipe"]): r for r in report.recipe_rows()}
+    assert len(rows) == len(report.recipe_rows())
+    differ = partial = none = 0
+    for r in ALL:
+        rr = recipe(r)
+        qs = {n: _direct_recipe(direct["parameter", n], rr) for n in params}
+        done = [n for n in params if qs[n] is not None]
+        entries = sum(direct["parameter", n].numel() for n in done)
+        want = {}
+        for what in ("saturated", "underflowed", "subnormal"):
+            count = sum(round(getattr(qs[n], what) * direct["parameter", n].numel())
+                        for n in done)
+            want[what] = Fraction(count, entries) if entries else Fraction(0)  # none: 0
+            assert math.isclose(report.recipe_share(what, rr.name), float(want[what]),
+                                rel_tol=1e-12, abs_tol=1e-15)
+        differ += want["saturated"] != want["subnormal"]
+        partial += 0 < len(done) < len(params)
+        none += not done
+        sqnrs = {n: sqnr_fsum(direct["parameter", n], decoded(qs[n])) for n in done}
+        line = re.search(rf"{re.escape(rr.name)}: saturated (\S+), underflowed (\S+), subnormal "
+                         rf"(\S+); lowest SQNR (-|(\S+) dB \((\S+)\)); not quantized: (\d+) of "
+                         rf"(\d+) tensors", flat)
+        assert line, (rr.name, flat)
+        sat, zero, sub, lowest, db, name, skipped, total = line.groups()
+        for cell, what in zip((sat, zero, sub), want, strict=True):
+            cell, v = cell.rstrip(","), float(want[what])
+            assert cell == fmt_share(v) or _parsed_share(cell, v), (rr.name, what, cell)
+        if done:
+            low = min(sqnrs, key=sqnrs.get)
+            assert abs(float(db) - sqnrs[low]) <= 0.05 and name == low
+        else:
+            assert lowest == "-"
+        assert (int(skipped), int(total)) == (len(params) - len(done), len(params))
+        for n in params:  # one plain row per tensor and recipe, the recipe's own numbers
+            row, q = rows[n, rr.name], qs[n]
+            assert row["kind"] == "parameter"
+            if q is None:
+                assert row["skipped"] and row["sqnr_db"] is None
+                assert row["saturated"] is row["underflowed"] is row["subnormal"] is None
+                continue
+            assert (row["saturated"], row["underflowed"], row["subnormal"], row["skipped"]) == (
+                q.saturated, q.underflowed, q.subnormal, "")
+            assert row["sqnr_db"] == sqnrs[n] or abs(row["sqnr_db"] - sqnrs[n]) <= 1e-9
+    assert differ >= 2 and partial >= 2  # the shares differ, and some recipes skip tensors
+    assert none < len(ALL)
+
+
+class Dyadic(nn.Module):
+    """loss = sum(p * x): the gradient of p is the batch x itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.zeros(4, 64))
+
+    def forward(self, x):
+        return (self.p * x).sum()
+
+
+def test_a_gradient_the_recipe_keeps_exactly_has_infinite_sqnr():
+    # Entries k 2^e, |k| <= 7, e in [-3, 3): exact in E4M3 under MXFP8's power-of-two block
+    # scales, so the noise is 0 while the signal is not (exact Fractions agree).
+    gen = torch.Generator().manual_seed(5)
+    k = torch.randint(-7, 8, (4, 64), generator=gen)
+    k[:, 0] = 7  # no block of zeros
+    x = (k * 2.0 ** torch.randint(-3, 3, (4, 64), generator=gen)).to(torch.float32)
+    report = diagnose.gradients(Dyadic(), lambda out: out, x, recipe="mxfp8")
+    s = report.tensors[0].recipes["mxfp8"]
+    assert s.applies and sqnr_exact(x, decoded(recipe("mxfp8")(x))) == math.inf
+    assert s.sqnr_db == math.inf and (s.saturated, s.underflowed) == (0.0, 0.0)
+    assert "lowest SQNR inf dB (p)" in " ".join(report.summary().split())

@@ -208,12 +208,12 @@ def test_train_quantized_per_tensor_fp4_never_moves_the_dead_weights():
         train_quantized(x, y, None, lr=-1.0)
 
 
-def _train_per_step(x, y, x_quantizer, grad_quantizer, steps, w_quantizer=None):
+def _train_per_step(x, y, x_quantizer, grad_quantizer, steps, w_quantizer=None, lr=1e-2):
     """Oracle: train_quantized's loop with the layer quantizing the constant x on every step."""
     lin = emulate.QuantizedLinear(torch.zeros(y.shape[-1], x.shape[-1]), None,
                                   x_quantizer=x_quantizer, w_quantizer=w_quantizer,
                                   grad_quantizer=grad_quantizer)
-    opt = emulate.Adam(lin.parameters(), lr=1e-2)
+    opt = emulate.Adam(lin.parameters(), lr=lr)
     y0 = float(emulate.fixed_sum(y.double().ravel() ** 2, -1)) / y.numel()  # as the runs do
     losses = []
     for _ in range(steps):
@@ -243,6 +243,16 @@ def test_train_quantized_quantizes_x_once_with_the_bits_of_quantizing_every_step
     assert len(calls) == 1  # the constant input: quantized once
     assert np.array_equal(run.losses, losses) and torch.equal(run.weight, weight)
     assert len(set(run.losses.tolist())) == 6  # the oracle compares a moving run
+
+
+def test_train_quantized_takes_its_learning_rate():
+    x, y = outlier_regression(32, 32, 2, 100.0, (3,), seed=3)
+    q = RECIPES["mxfp8"]
+    runs = {lr: train_quantized(x, y, q, steps=4, lr=lr) for lr in (1e-2, 3e-2)}
+    for lr, run in runs.items():  # the oracle's Adam with the same lr, bit for bit
+        losses, weight = _train_per_step(x, y, q, None, 4, lr=lr)
+        assert np.array_equal(run.losses, losses) and torch.equal(run.weight, weight)
+    assert not np.array_equal(runs[1e-2].losses, runs[3e-2].losses)
 
 
 def test_train_quantized_calls_a_stateful_x_quantizer_once():

@@ -15,7 +15,7 @@ from precisionlab.emulate.quantized_linear import (
     quantize_input,
     quantized_linear,
 )
-from precisionlab.quantize import DelayedScaling, quantize_blocks, quantize_per_tensor
+from precisionlab.quantize import DelayedScaling, Quantized, quantize_blocks, quantize_per_tensor
 
 MX = functools.partial(quantize_blocks, block=8)  # small MX-style blocks along K
 
@@ -164,3 +164,78 @@ def test_a_quantized_input_with_an_x_quantizer_is_refused():
         quantized_linear(quantize_input(x, MX), torch.ones(3, 16), x_quantizer=MX)
     with pytest.raises(TypeError, match="x quantizer must"):
         quantize_input(x, 3)
+
+
+def test_x_and_w_each_pass_through_their_own_quantizer():
+    # Oracle: the loop reference quantizing x in FP4 and W in E4M3 (blocks of 4 along K), the
+    # products in float64; the layer must not quantize one operand with the other's quantizer.
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    x[:, 3] *= 100.0
+    w = (rng.standard_normal((4, 16)) / 4).astype(np.float32)
+    dy = torch.from_numpy(rng.standard_normal((8, 4)).astype(np.float32))
+    qx = functools.partial(quantize_blocks, elem="float4_e2m1fn", block=4)
+    qw = functools.partial(quantize_blocks, elem="float8_e4m3fn", block=4)
+
+    def deq(a, elem):
+        ref = reference(a, elem, (1, 4), "float8_e8m0fnu")
+        d = np.repeat(np.array(ref["d"], dtype=np.float64), 4, axis=1)
+        return torch.from_numpy((ref["q"] * d).astype(np.float32)).double(), ref
+
+    (xh, xref), (wh, wref) = deq(x, "float4_e2m1fn"), deq(w, "float8_e4m3fn")
+    swapped = deq(x, "float8_e4m3fn")[0] @ deq(w, "float4_e2m1fn")[0].T
+    bound = fl32_matmul_bound(xh, wh.T)
+    assert ((swapped - xh @ wh.T).abs() > bound).any()  # the oracle tells the two apart
+    xt = torch.from_numpy(x).requires_grad_(True)
+    per_call = QuantizedLinear(torch.from_numpy(w), x_quantizer=qx, w_quantizer=qw)
+    once = QuantizedLinear(torch.from_numpy(w), w_quantizer=qw)
+    for lin, xin in ((per_call, xt), (once, quantize_input(xt, qx))):
+        y = lin(xin)
+        assert ((y.detach().double() - xh @ wh.T).abs() <= bound).all()
+        y.backward(dy)
+        assert ((lin.weight.grad.double() - dy.double().T @ xh).abs()
+                <= fl32_matmul_bound(dy.double().T, xh)).all()
+        for key, ref in (("x", xref), ("w", wref)):
+            assert lin.stats[key] == {k: ref[k] for k in ("saturated", "underflowed",
+                                                          "subnormal")}
+    assert ((xt.grad.double() - dy.double() @ wh).abs() <= fl32_matmul_bound(dy.double(), wh)).all()
+
+
+def test_a_layer_records_the_shares_of_each_calls_quantized_input():
+    # Oracle: the loop reference's shares of each input; the layer's stats["x"] follows the
+    # latest call, never an earlier one.
+    lin = QuantizedLinear(dyadic((3, 16), 15))
+    q = functools.partial(quantize_blocks, elem="float4_e2m1fn", block=4)
+    rng = np.random.default_rng(16)
+    seen = []
+    for spread in (1.0, 1e3):
+        x = rng.standard_normal((6, 16)).astype(np.float32)
+        x[:, ::4] *= spread  # one large entry per block: the others underflow in FP4
+        lin(quantize_input(torch.from_numpy(x), q))
+        ref = reference(x, "float4_e2m1fn", (1, 4), "float8_e8m0fnu")
+        assert lin.stats["x"] == {k: ref[k] for k in ("saturated", "underflowed", "subnormal")}
+        seen.append(ref["underflowed"])
+    assert seen[0] != seen[1]
+
+
+def _passthrough(t: torch.Tensor) -> Quantized:
+    """A differentiable 'quantizer': q = 1 * t with one decode scale 1 (float32 elements)."""
+    return Quantized(t * 1.0, torch.ones(1, 1), torch.ones(1, 1, dtype=torch.float64),
+                     "float32", "float32", tuple(t.shape), 0.0, 0.0, 0.0)
+
+
+def test_a_quantized_input_is_a_constant_even_from_a_differentiable_quantizer():
+    # Oracle: emulate.linear on x itself (the quantizer is the identity) and dW = dy^T x; the
+    # input quantized once carries no gradient back to x, where x_quantizer passes one through.
+    x, w, dy = dyadic((5, 16), 17), dyadic((3, 16), 18), dyadic((5, 3), 19)
+    x.requires_grad_(True)
+    xq = quantize_input(x, _passthrough)
+    assert not xq.values.requires_grad
+    once = QuantizedLinear(w)
+    y = once(xq)
+    assert torch.equal(y, emulate.linear(x.detach(), w, None, "float32"))
+    y.backward(dy)
+    assert x.grad is None and torch.equal(once.weight.grad.double(),
+                                          dy.double().T @ x.detach().double())
+    QuantizedLinear(w, x_quantizer=_passthrough)(x).backward(dy)
+    assert torch.equal(x.grad.double(), dy.double() @ w.double())

@@ -67,12 +67,15 @@ def _t(a: np.ndarray) -> torch.Tensor:
 
 def fmt_of(dtype: torch.dtype) -> str:
     """The format name of a floating dtype."""
-    names = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-             torch.float64: "float64"}
-    if dtype not in names:
+    name = _FMT_NAMES.get(dtype)
+    if name is None:
         raise UnsupportedOperation(f"triage bounds float16, bfloat16, float32 and float64 "
                                    f"tensors; got dtype {dtype}")
-    return names[dtype]
+    return name
+
+
+_FMT_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+              torch.float64: "float64"}
 
 
 @functools.cache

@@ -176,7 +176,7 @@ def attention_bound(q, k, v, mask, get, causal: bool, scale, fmt: str, cpu: bool
     if tiny:
         s = bd._widen_abs(s, tiny)
     if causal:
-        keep = np.tril(np.ones(s.shape[-2:], dtype=bool))
+        keep = np.tri(*s.shape[-2:], dtype=bool)  # the lower triangle, diagonal included
         s = bd._bare(np.where(keep, s.lo, -np.inf), np.where(keep, s.hi, -np.inf))
     p = softmax_rule(_add_mask(s, mask, get, inner), -1, inner)
     if inner == fmt:

@@ -111,10 +111,14 @@ def check_hull(index, op, ref: torch.Tensor, tgt: torch.Tensor) -> tuple[OpCheck
 
 def _inside(index, op, lo, hi, ref, tgt, exact, flat, m, w) -> OpCheck:
     """The Type-I check from `fused.inside_worst`'s worst entry (flat index), margin and width."""
-    el = np.unravel_index(flat, lo.shape) if lo.shape else ()
-    return OpCheck(index, op, "Type-I", 0, int(lo.size), tuple(int(i) for i in el),
-                   math.inf if math.isnan(m) else m, w, float(lo[el]), float(hi[el]),
-                   float(ref[el]), float(tgt[el]), 0, exact)
+    el, rest = [], int(flat)  # np.unravel_index(flat, lo.shape), in C order
+    for n in reversed(lo.shape):
+        rest, i = divmod(rest, n)
+        el.append(i)
+    f = int(flat)  # ndarray.item(f): the entry at C-order position f, as a Python float
+    return OpCheck(index, op, "Type-I", 0, int(lo.size), tuple(reversed(el)),
+                   math.inf if math.isnan(m) else m, w, lo.item(f), hi.item(f), ref.item(f),
+                   tgt.item(f), 0, exact)
 
 
 def check(index, op, bound: iv.Interval, ref: np.ndarray, tgt: np.ndarray,

@@ -117,7 +117,6 @@ class _Rec:
     key: tuple
     outs: list  # the float outputs' values at the call (detached; cloned before a later write)
     src: dict  # id(input tensor) -> (record index, output position) or None (a leaf)
-    ids: list  # id() of each output object
     flat_key: tuple  # ("", name, occurrence in the whole run): pairing without module paths
     ins: list  # the tensors among the arguments (positional, then keyword)
 
@@ -155,11 +154,12 @@ class _Trace:
                 self.shared.append(t)
                 self.keep.append(t)  # alive, so its id and address are not reused
         i = len(self.records)
-        self.records.append(_Rec(i, name, func, args, kwargs, path, (path, name, ck),
-                                 [self._value(i, j, o) for j, o in enumerate(outs)], src,
-                                 [id(o) for o in outs], ("", name, cn), ins))
+        vals = []
         for j, o in enumerate(outs):
+            vals.append(self._value(i, j, o))
             producer[id(o)] = (i, j)
+        self.records.append(_Rec(i, name, func, args, kwargs, path, (path, name, ck), vals, src,
+                                 ("", name, cn), ins))
         self.keep += outs
         self.shared += outs
 
@@ -249,13 +249,14 @@ class _Recorder(TorchFunctionMode):
             self.tr.check_alias(args[0], name)
             self.tr.before_write(args[0])
         out = func(*args, **kwargs)
-        cands = args[:1] if inplace else _tensors(out)
-        if data:  # integer/bool results computed from float values (x > 0, argmax, ...)
-            for t in cands:
-                if isinstance(t, torch.Tensor) and not t.is_floating_point():
+        outs = []
+        for t in (args[:1] if inplace else _tensors(out)):
+            if isinstance(t, torch.Tensor):
+                if t.is_floating_point():
+                    outs.append(t)
+                elif data:  # integer/bool results computed from float values (x > 0, argmax)
                     self.tr.dd.add(id(t))
                     self.tr.keep.append(t)
-        outs = [t for t in cands if isinstance(t, torch.Tensor) and t.is_floating_point()]
         if outs:
             if name in _RANDOM:
                 raise UnsupportedOperation(f"triage cannot bound {name} (random numbers inside "

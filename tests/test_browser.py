@@ -142,8 +142,10 @@ class Visit:
         self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
         self.page.on("requestfailed", lambda r: r.url.startswith("file:")
                      and self.failed.append(r.url))
-        self.page.goto(page_path.as_uri() + fragment, wait_until="load")
-        self.page.wait_for_load_state("networkidle")
+        # 90 s, not playwright's 30 s: on a loaded machine a chapter page with many precomputed
+        # views can take longer than 30 s to settle (a 30 s timeout failed once under load)
+        self.page.goto(page_path.as_uri() + fragment, wait_until="load", timeout=90_000)
+        self.page.wait_for_load_state("networkidle", timeout=90_000)
 
     def _route(self, route):
         url = route.request.url

@@ -10,7 +10,7 @@ NB ?= notebooks/*.ipynb
 # torch's CPU kernels forced down to their scalar versions: checked outputs must not change.
 SCALAR := ATEN_CPU_CAPABILITY=default
 
-.PHONY: help test lint notebooks execute book browser bench ci
+.PHONY: help test lint notebooks execute book browser versions lock bench ci
 # ci's steps run in the order listed, also under `make -j`: the browser test reads the book.
 .NOTPARALLEL:
 
@@ -33,12 +33,28 @@ execute:  ## re-execute notebooks in place and time them (one: make execute NB=n
 book:  ## build the HTML book into _build/html, warnings as errors
 	$(PYTHON) -m jupyter book build . -W -n --keep-going
 
-browser:  ## the built book in headless Chromium, and the Colab path from a fresh venv
-	$(PYTEST) -p no:cacheprovider -m "browser or colab" tests/test_browser.py \
-	    tests/test_colab_path.py
+browser:  ## the built book in headless Chromium with the network blocked
+	$(PYTEST) -p no:cacheprovider -m browser tests/test_browser.py
+
+versions:  ## both ends of pyproject's ranges, each in a fresh venv: minimum (Colab path), newest
+	$(PYTEST) -p no:cacheprovider -m "colab or newest" tests/test_colab_path.py \
+	    tests/test_newest_versions.py
+
+# The lock: requirements.txt from requirements.in (pyproject.toml's ranges, torch pinned) for
+# Python 3.10-3.13, at the newest releases that fit. Needs uv (in the test extra).
+NO_EMIT := $(foreach name,$(shell sed -n 's/ ;.*//p' requirements-overrides.txt),--no-emit-package $(name))
+LOCK := uv pip compile requirements.in --universal --python-version 3.10 --prerelease disallow \
+	--override requirements-overrides.txt $(NO_EMIT) --custom-compile-command "make lock" \
+	-o $(LOCK_OUT)
+# where the lock is written, and --upgrade: `make lock` takes the newest releases that fit
+LOCK_OUT ?= requirements.txt
+LOCK_FLAGS ?= --upgrade
+
+lock:  ## regenerate requirements.txt, the lock, from pyproject.toml's ranges (uv pip compile)
+	$(PYTHON) -m $(LOCK) $(LOCK_FLAGS) --quiet
 
 bench:  ## every benchmark script (speed goals, printed as tables; not part of ci)
 	@set -e; for script in benchmarks/*.py; do echo "== $$script"; $(PYTHON) $$script; done
 
 ci: PYTEST_ARGS += --durations=15
-ci: test notebooks book browser  ## everything CI runs (.ci/run), in this order
+ci: test notebooks book browser versions  ## everything CI runs (.ci/run), in this order

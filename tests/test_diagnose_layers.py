@@ -262,8 +262,11 @@ def test_planted_attention_bug_of_a_few_bound_widths(factor, caught):
     blk, inputs = attn_case("bool_pad", False, seed=4)
     clean = diagnose.triage(blk, blk, inputs)
     att = next(c for c in clean.checks if "multi_head_attention_forward" in c.op)
+    # the element is in the batch-first layout of the module's output, not in the (L, N, E)
+    # layout of the call inside it, whichever element is the worst on this CPU
+    assert att.shape == (2, 5, 16) and att.of == "the output of module 'mha' (MultiheadAttention)"
     bug = copy.deepcopy(blk)
-    delta = torch.zeros(2, 5, 16)
+    delta = torch.zeros(att.shape)
     delta[att.element] = factor * att.width
     bug.mha.register_forward_hook(lambda _m, _i, out: (out[0] + delta, out[1]))
     rep = diagnose.triage(blk, bug, inputs)

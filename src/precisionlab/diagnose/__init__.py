@@ -16,7 +16,8 @@ Each returns a `Report`: plain data, printed as a table, drawn by `.plot(ax=None
 Files: `report`, `gradients` (with `recipe_shares`, its shares and table under a scaling
 recipe, and `scale_view`, the picture and alt text of its loss-scale view), `mismatch`,
 `determinism`; triage's `triage` (tracing, verdict),
-`opcheck` (each paired operation's check), `pairing` (which operations compare), `rules`,
+`opcheck` (each paired operation's check), `shown` (the tensor a check's
+element indexes), `pairing` (which operations compare), `rules`,
 `rows` and `layers` (interval rules per operation: elementwise and shape, row-wise,
 convolution and attention), `bound_ops` (their shared interval arithmetic), `products`
 (interval matrix products), `fused` (compiled numba steps, bit for bit the NumPy steps they

@@ -27,7 +27,7 @@ class OpCheck:
     verdict: str
     outside: int  # reference entries outside the bound
     numel: int
-    element: tuple  # the worst entry
+    element: tuple  # the worst entry: an index into the tensor `of` names, of shape `shape`
     margin: float  # distance from the reference to the nearer edge (negative: outside)
     width: float  # the bound's width there
     lo: float
@@ -36,6 +36,11 @@ class OpCheck:
     target: float
     self_outside: int  # target entries outside their own bound (0 when the rules hold)
     exact: bool = False  # a shape operation: its bound is the hull it started from
+    shape: tuple = ()  # the shape of the tensor `element` indexes
+    # the tensor `element` indexes: "" for the operation's own output; else, where the user's
+    # code never sees that output (inside a torch module), the tensor it holds that the value
+    # is at, "the output of module 'mha' (MultiheadAttention)", or else that it is internal
+    of: str = ""
 
     @property
     def score(self) -> float:
@@ -118,7 +123,7 @@ def _inside(index, op, lo, hi, ref, tgt, exact, flat, m, w) -> OpCheck:
     f = int(flat)  # ndarray.item(f): the entry at C-order position f, as a Python float
     return OpCheck(index, op, "Type-I", 0, int(lo.size), tuple(reversed(el)),
                    math.inf if math.isnan(m) else m, w, lo.item(f), hi.item(f), ref.item(f),
-                   tgt.item(f), 0, exact)
+                   tgt.item(f), 0, exact, tuple(lo.shape))
 
 
 def check(index, op, bound: iv.Interval, ref: np.ndarray, tgt: np.ndarray,
@@ -166,7 +171,8 @@ def check_any(index, op, lo, hi, ref, tgt, exact) -> OpCheck:
     out = int((~inside).sum())
     return OpCheck(index, op, "Type-II" if out else "Type-I", out, int(score.size),
                    tuple(int(i) for i in el), float(margin[el]), float(width[el]), float(lo[el]),
-                   float(hi[el]), float(ref[el]), float(tgt[el]), int((~self_in).sum()), exact)
+                   float(hi[el]), float(ref[el]), float(tgt[el]), int((~self_in).sum()), exact,
+                   tuple(score.shape))
 
 
 def check_inside(index, op, lo, hi, ref, tgt, exact) -> OpCheck:
@@ -181,4 +187,4 @@ def check_inside(index, op, lo, hi, ref, tgt, exact) -> OpCheck:
     m = float(margin[el])
     return OpCheck(index, op, "Type-I", 0, int(score.size), tuple(int(i) for i in el),
                    math.inf if math.isnan(m) else m, float(width[el]), float(lo[el]),
-                   float(hi[el]), float(ref[el]), float(tgt[el]), 0, exact)
+                   float(hi[el]), float(ref[el]), float(tgt[el]), 0, exact, tuple(score.shape))

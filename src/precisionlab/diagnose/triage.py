@@ -26,6 +26,9 @@ argmax) may differ in the reference: an unpaired operation using one takes eithe
 Type-II: some paired reference value lies outside. Unpaired operations are propagated, not
 checked, and are named as suspects (with the argument that differs) when the next check fails.
 What an operation's consumers read is held only until its last consumer has been bounded.
+A check's worst element indexes a tensor the user's code holds (`shown`): an operation inside a
+torch module (F.multi_head_attention_forward on the (L, N, E) transposes of a batch-first
+nn.MultiheadAttention's inputs) reports it in the module's output, else says which tensor.
 
 What a verdict means. Type-I says each paired reference value is one the target's operation
 could have computed, by the kernel model in `rules`, from inputs between the two programs'
@@ -64,6 +67,7 @@ from .pairing import (
     leaf_of,
 )
 from .report import Report, as_inputs, new_axes, rows_fit, short
+from .shown import Shown, torch_forward
 
 __all__ = ["OpCheck", "TriageReport", "UnsupportedOperation", "trace", "triage"]
 
@@ -134,6 +138,10 @@ class _Trace:
         self.counts: dict = {}
         self.stack: list[str] = []
         self.module_out: dict = {}  # path -> (record index, position)
+        self.returned: dict = {}  # (record index, position) -> (path, k, n): a module's output
+        self.internal: dict = {}  # path -> class name, for modules whose forward is torch's
+        self.module_class: dict = {}  # path -> class name
+        self.inputs: tuple = ()
         self.outputs: list = []
         self.dd: set = set()  # id() of integer/bool tensors computed from float values
         self.branches: list = []  # Python branches taken on tensor values (bool(x > 0), ...)
@@ -301,23 +309,33 @@ def trace(fn, inputs, name: str = "the program", eager: bool = False) -> _Trace:
     write went unseen)."""
     ins = as_inputs(inputs, "inputs")
     tr = _Trace(eager)
+    tr.inputs = ins
     paths: dict = {}  # id(module) -> (module, its path: the first name it is found under)
     for prefix, root in _roots(fn):
         for sub, mod in root.named_modules():
             if id(mod) not in paths:
                 paths[id(mod)] = (mod, ".".join(x for x in (prefix, sub) if x))
+    for mod, p in paths.values():
+        tr.module_class[p] = type(mod).__name__
+        if torch_forward(mod):
+            tr.internal[p] = type(mod).__name__
 
     def pre(mod, _i, p=None):
         p = p if p is not None else paths.get(id(mod), (None, None))[1]
         if p is not None:
             tr.stack.append(p)
 
-    def post(mod, _i, out, p=None):
+    def post(mod, _i, out, p=None, raw=False):
         p = p if p is not None else paths.get(id(mod), (None, None))[1]
         if p is None:
             return
-        tr.stack.pop()
         ts = [t for t in _tensors(out) if t.is_floating_point()]
+        for k, t in enumerate(ts):  # what the module returns (raw: before its own hooks)
+            if id(t) in tr.producer:
+                tr.returned.setdefault(tr.producer[id(t)], (p, k, len(ts)))
+        if raw:
+            return
+        tr.stack.pop()
         if ts and id(ts[0]) in tr.producer:
             tr.module_out[p] = tr.producer[id(ts[0])]
     if any(m._forward_hooks or m._forward_pre_hooks for m, _ in paths.values()):
@@ -325,6 +343,7 @@ def trace(fn, inputs, name: str = "the program", eager: bool = False) -> _Trace:
         # its own forward hooks return (global hooks run before those)
         hooks = [h for m, p in paths.values() for h in (
             m.register_forward_pre_hook(functools.partial(pre, p=p)),
+            m.register_forward_hook(functools.partial(post, p=p, raw=True), prepend=True),
             m.register_forward_hook(functools.partial(post, p=p)))]
     else:  # two global hooks, whatever the number of modules; others pass through
         hooks = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
@@ -385,8 +404,10 @@ class TriageReport(Report):
         if b is not None:
             lines.append(f"blamed: #{b.index} {b.op} ({b.outside} of {b.numel} reference "
                          "values outside)")
-            lines.append(f"  worst at {b.element}: reference {b.reference:.6g} outside "
-                         f"[{b.lo:.6g}, {b.hi:.6g}]")
+            of = f" of {b.of}, shape {b.shape}" if b.of else ""  # not the op's own output
+            worst = (f"  worst at {b.element}{of}: reference {b.reference:.6g} outside "
+                     f"[{b.lo:.6g}, {b.hi:.6g}]")
+            lines += textwrap.wrap(worst, 80, subsequent_indent="    ") if of else [worst]
             lines.append(f"  by {b.widths_outside:.3g} bound widths")
             if self.suspects:
                 lines += textwrap.wrap("unchecked operations before it: " +
@@ -444,6 +465,10 @@ def _on_hulls(rec, matched: set, anchor: dict, p) -> bool:
     if not all(anchor.get((rec.index, j)) is o for j, o in enumerate(p.outs)):
         return False
     return all(rec.src.get(id(t)) in anchor for t in rec.ins if t.is_floating_point())
+
+
+def _op_label(rec) -> str:
+    return f"{rec.path + ': ' if rec.path else ''}{rec.name}#{rec.key[2]}"
 
 
 def _declared(kernels: Mapping | None, rec) -> iv.Kernel | None:
@@ -580,6 +605,7 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
              if (r.index, id(t)) in leafpair and t.ndim <= 1 and t.numel() <= _SMALL]
     boxes = dict(zip([k for k, _, _ in small], bd.leaf_pairs([(t, o) for _, t, o in small]),
                      strict=True))
+    shown = Shown(tt, _op_label)  # each check's element, in a tensor the user's code holds
     for rec in tt.records:
         def get(t, rec=rec):
             src = rec.src.get(id(t))
@@ -596,7 +622,7 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
                 return leaf_of(t, leafpair.get((rec.index, id(t))), ref_leaf_fmts)
             return get(t)
         get.lazy = lazy
-        op = f"{rec.path + ': ' if rec.path else ''}{rec.name}#{rec.key[2]}"
+        op = _op_label(rec)
         fmts = [bd.fmt_of(rec.outs[0].dtype)]
         if rec.index in ref_fmt:
             if ref_fmt[rec.index] not in fmts:
@@ -646,7 +672,7 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
                                         rec.name in R.EXACT, (rec.index, j) in last)
                 if h is not None:
                     held[(rec.index, j)] = h
-                checks.append(c)
+                checks.append(shown.apply(c, rec.index, j))
                 if c.verdict == "Type-II" and not suspects and not any(
                         x.verdict == "Type-II" for x in checks[:-1]):
                     suspects = tuple(unchecked)

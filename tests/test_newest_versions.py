@@ -166,6 +166,18 @@ def test_every_chapter_with_the_newest_versions(tmp_path_factory, pytestconfig):
     nb.cells = [nbformat.v4.new_code_cell(LIVE_WIDGET_CHECK)]
     nbformat.write(nb, live)
     results = {p.name: run_notebook(python, p, env) for p in NOTEBOOKS}
+    # ipykernel 7 can publish the tail of one cell's stdout under the next cell's parent
+    # when the machine is loaded (seen: chapter 5's checked table got an ignored cell's
+    # print). A notebook that fails is run once more; a failure that repeats fails the test,
+    # one that does not is reported as flaky beside the result.
+    flaky = []
+    for path in NOTEBOOKS:
+        if not results[path.name][0]:
+            again = run_notebook(python, path, env)
+            if again[0]:
+                flaky.append(f"{path.name} failed once, passed when run again:\n"
+                             f"{results[path.name][1][-1500:]}")
+            results[path.name] = again
     done = run([str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
                 "--nbval-lax", "--nbval-current-env", "--rootdir", str(work), str(live)],
                timeout=600, cwd=work, env=env)
@@ -174,6 +186,8 @@ def test_every_chapter_with_the_newest_versions(tmp_path_factory, pytestconfig):
     summary = "\n".join(f"{name:<40} {'pass' if ok else 'FAIL'} {seconds:6.1f} s"
                         for name, (ok, _, seconds) in results.items())
     report = f"{table}\n\ninstall {install_s:.0f} s\n{summary}"
+    if flaky:
+        report += "\n\nflaky (passed on the second run):\n" + "\n".join(flaky)
     print(report)
     (work / "report.json").write_text(json.dumps(
         {"versions": versions, "results": {n: r[0] for n, r in results.items()}}, indent=1))

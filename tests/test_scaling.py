@@ -35,7 +35,7 @@ FP32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _fp16(x: float) -> float:
-    """float64 -> float16 in one rounding (NumPy converts directly; torch goes through float32)."""
+    """float64 -> float16 in one rounding (NumPy converts directly; torch 2.13 goes through float32)."""
     with np.errstate(over="ignore"):
         return float(np.float16(x))
 

@@ -385,11 +385,14 @@ def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
     """A function out -> None that writes the library's exact fl(a) into out, or None."""
     if a.dtype == np.float64 and fmt.name == "float32" and not saturate:
         return lambda out: np.copyto(out, a.astype(np.float32))  # C double->float is RNE
-    # torch casts float64 through float32 (double rounding), so only float32 inputs go native.
-    # torch's e8m0fnu cast takes 0 to 2^-127 and drops the sign; ml_dtypes (followed here) gives NaN.
+    # torch 2.13 casts float64 through float32 (double rounding), so only float32 inputs go
+    # native, whatever the version. torch 2.13's e8m0fnu cast takes 0 to 2^-127 and drops the
+    # sign; ml_dtypes (followed here) gives NaN: unsigned formats never go native.
     if a.dtype != np.float32 or fmt.torch_dtype is None or fmt.name == "float32" or not fmt.signed:
         return None
-    # torch never saturates the IEEE-style formats; its e4m3fn overflow rule is probed.
+    # torch (2.3 to 2.13) takes overflow to inf in the formats that have one, as IEEE 754
+    # conversion does (tests/test_rounding.py checks the native casts against fractions); its
+    # e4m3fn overflow rule changed in 2.12 and is probed.
     torch_saturates = _torch_e4m3fn_saturates() if fmt.name == "float8_e4m3fn" else False
     if torch_saturates is None or torch_saturates != bool(saturate):
         return None
@@ -459,20 +462,23 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
     mode: nearest_even (IEEE default), nearest_away (NVIDIA's fp32->tf32 conversion),
     toward_zero, up (toward +inf), down (toward -inf), stochastic (up with probability equal
     to the distance from the value below, in ulps; needs `generator`, whose stream it continues).
-    saturate: overflow and inf go to +-max_finite instead. torch 2.12 and later cast to
-    float8_e4m3fn this way; ml_dtypes and older torch give NaN, this function's default.
+    saturate: overflow and inf go to +-max_finite instead. torch 2.12 and later cast
+    finite overflow to float8_e4m3fn this way, torch 2.13 inf as well; ml_dtypes (0.4 to
+    0.7.0) and older torch give NaN, this function's default.
     Directed modes rounding toward zero always stop at +-max_finite, as IEEE 754 prescribes.
-    MX formats (OCP MX v1.0; ml_dtypes agrees bit for bit except where noted):
-    float4_e2m1fn and float6_* have neither inf nor NaN, so overflow and +-inf always
+    MX formats (OCP MX v1.0; ml_dtypes >= 0.5, which has them, agrees bit for bit except where
+    noted): float4_e2m1fn and float6_* have neither inf nor NaN, so overflow and +-inf always
     saturate to +-max_finite (the MX spec's clamp; `saturate` changes nothing); a NaN input
-    has no encoding and comes back NaN (ml_dtypes returns a zero there). float8_e8m0fnu
+    has no encoding and comes back NaN (ml_dtypes 0.5 to 0.7.0 return a zero). float8_e8m0fnu
     holds 2^k, -127 <= k <= 127: nearest_even ties go up (a 0-bit mantissa's last kept bit
     is the implicit 1), values below 2^-127 go to 2^-127 in every mode (no zero), overflow
     and +inf give NaN (0xFF) unless `saturate` (then 2^127), and 0, negatives and NaN give
-    NaN, as ml_dtypes does (torch's e8m0fnu cast gives 2^-127 for 0 and drops the sign).
-    Where the libraries stray from one correct rounding, this function does not follow:
-    ml_dtypes casts float64 into these formats through float32 (double rounding), and both
-    it and torch take float32 subnormals in (2^-127, 1.5 * 2^-127) up to 2^-126 in e8m0fnu.
+    NaN, as ml_dtypes does (torch 2.13's e8m0fnu cast gives 2^-127 for 0 and drops the sign).
+    Where a library's cast strays from one correct rounding, this function does not follow.
+    Which casts stray is a fact about versions: ml_dtypes before 0.7.0 casts float64 into
+    these formats (and into bfloat16 and float8) through float32, rounding twice, and takes
+    float32 subnormals in (2^-127, 1.5 * 2^-127) up to 2^-126 in e8m0fnu; 0.7.0 rounds once
+    and to the nearest value there. torch 2.13 does both, as ml_dtypes before 0.7.0 did.
     backend: "auto" takes the library cast for float16 and float32 targets (exact and
     fastest there) and the integer kernel otherwise; "native" forces the library cast and
     raises where none is exact; "emulated" always runs the kernel. All agree bit for bit.

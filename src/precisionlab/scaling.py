@@ -618,7 +618,7 @@ def train_scaled(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps
     backend='emulated' (a Linear model): the layer through `emulate.linear` in `compute`
     (operands rounded to it, float32 accumulation, output rounded to it, its gradients
     rounded to it in the backward pass, as autocast does), the loss through
-    `emulate.mse_loss` in float32 (autocast runs mse_loss in float32), and `emulate.SGD`:
+    `emulate.mse_loss` in float32 (torch 2.13's autocast runs mse_loss in float32), and `emulate.SGD`:
     the same bits on every machine. backend='native': any model under torch's CPU autocast
     with torch.optim.SGD and the loss_fn given (default mse_loss): what this machine's
     kernels give.

@@ -7,7 +7,7 @@ forward, memory within 2x the model's own. Each job runs in a fresh subprocess. 
 peak resident memory of one call beyond the resident memory just before it (Linux: the peak is
 reset through /proc/self/clear_refs), with the model, the batch, the optimizer and triage's
 bfloat16 copy already built: "cold" is the first call, which also pays one-time imports and JIT
-compilation (numba in precisionlab.rounding, diagnose.fused and diagnose.kernels), "warm" a
+compilation (numba in precisionlab.rounding, intervals.torch_ops.fused and .kernels), "warm" a
 later call. Times: the best of 3 to 50 runs after those two, on the wall clock and in the
 process's CPU time (which a loaded machine disturbs less).
 

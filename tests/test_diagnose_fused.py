@@ -1,8 +1,8 @@
-"""diagnose's compiled kernels (diagnose/fused.py) give the NumPy path's values bit for bit: the
-float64 step against np.nextafter, relative widening against its NumPy steps, a leaf's box
-against frexp/ldexp, the matrix-product close against `_close_numpy`, and the quick check
-against `check_inside`; on edge values (zeros, subnormals, +-inf, NaN, values near each
-format's largest finite) and random magnitudes and bit patterns."""
+"""The torch-operation rules' compiled kernels (intervals/torch_ops/fused.py) give the NumPy
+path's values bit for bit: the float64 step against np.nextafter, relative widening against its
+NumPy steps, a leaf's box against frexp/ldexp, the matrix-product close against `_close_numpy`,
+and the quick check against `check_inside`; on edge values (zeros, subnormals, +-inf, NaN,
+values near each format's largest finite) and random magnitudes and bit patterns."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 from test_diagnose_bound_ops import edge_values
 
-from precisionlab.diagnose import bound_ops as B
 from precisionlab.diagnose import opcheck
-from precisionlab.diagnose import products as P
 from precisionlab.formats import get_format
+from precisionlab.intervals.torch_ops import arith as B
+from precisionlab.intervals.torch_ops import products as P
 
 FORMATS = ("float64", "float32", "bfloat16", "float16")
 
@@ -58,7 +58,7 @@ def test_step_is_nextafter(sign):
 
 
 def np_widen_rel(lo, hi, ulps, fmt, ftz):
-    """The NumPy path of `_widen_rel` (then `_ftz`)."""
+    """The NumPy path of `widen_rel` (then `_ftz`)."""
     f = get_format(fmt)
     with np.errstate(invalid="ignore", over="ignore"):
         dlo = np_step(ulps * np.maximum(np_step(f.eps * np.abs(lo), 1), f.min_subnormal), 1)
@@ -78,11 +78,11 @@ def test_widen_rel_is_the_numpy_steps(fmt, ulps):
     x = edge_values(2)
     lo, hi = np.sort(np.stack([x, np.roll(x, 3)]), axis=0)
     for ftz in (False, True):
-        got = B._widen_rel(B._mk(lo, hi), ulps, fmt, ftz=ftz)
+        got = B.widen_rel(B.mk(lo, hi), ulps, fmt, ftz=ftz)
         want = np_widen_rel(lo, hi, ulps, fmt, ftz)
         assert same_bits(got.lo, want[0]) and same_bits(got.hi, want[1])
     # a NaN end gives the whole line, as the validating constructor does
-    y = B._widen_rel(B._mk(np.array([np.nan, 1.0]), np.array([2.0, 3.0])), ulps, fmt)
+    y = B.widen_rel(B.mk(np.array([np.nan, 1.0]), np.array([2.0, 3.0])), ulps, fmt)
     assert y.lo[0] == -np.inf and y.hi[0] == np.inf and y.lo[1] < 1 and y.hi[1] > 3
 
 
@@ -102,7 +102,7 @@ def test_leaf_box_is_frexp_ldexp(dtype):
     half = np.where(v == 0, f.min_subnormal / 2, half)
     lo = np.where(np.isfinite(v), v - half, v)
     hi = np.where(np.isfinite(v), v + half, v)
-    want = B._mk(lo, hi)
+    want = B.mk(lo, hi)
     got = B.leaf(t)
     assert same_bits(got.lo, want.lo) and same_bits(got.hi, want.hi)
     assert got.lo[4] == -np.inf and got.hi[4] == np.inf  # NaN: no information
@@ -125,20 +125,20 @@ def close_inputs(seed, rows=37, n=11, big=False):
     blo[0] = bhi[0] = -np.inf
     blo[1] = bhi[1] = np.inf
     blo[2], bhi[2] = -np.inf, 0.0
-    return [torch.from_numpy(z) for z in (pm, pr, s)], B._mk(blo, bhi)
+    return [torch.from_numpy(z) for z in (pm, pr, s)], B.mk(blo, bhi)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("big", [False, True])
 def test_close_products_fused_is_the_numpy_path(fmt, big):
     (pm, pr, s), bias = close_inputs(4, big=big)
-    g64 = B._gamma(52, 2.0**-53)
-    for b in (None, bias, B._mk(bias.lo[None], bias.hi[None])):
+    g64 = B.gamma(52, 2.0**-53)
+    for b in (None, bias, B.mk(bias.lo[None], bias.hi[None])):
         got = P.close_products(pm, pr, s, 48, b, fmt, g64)
         want = P._close_numpy(pm.numpy(), pr.numpy(), s.numpy(), 48, b, fmt, g64)
         assert same_bits(got[0], want[0]) and same_bits(got[1], want[1])
     # a full-shape bias takes the NumPy path and gives the same bounds as a row of it
-    full = B._mk(np.broadcast_to(bias.lo, pm.shape).copy(), np.broadcast_to(bias.hi, pm.shape).copy())
+    full = B.mk(np.broadcast_to(bias.lo, pm.shape).copy(), np.broadcast_to(bias.hi, pm.shape).copy())
     a = P.close_products(pm, pr, s, 48, full, fmt, g64)
     b = P.close_products(pm, pr, s, 48, bias, fmt, g64)
     assert same_bits(a[0], b[0]) and same_bits(a[1], b[1])
@@ -157,7 +157,7 @@ def test_quick_check_is_check_inside():
     ref[2, 5] = lo[2, 5]  # on an edge
     hi[3, 7] = lo[3, 7] + 5e-324
     ref[3, 7] = tgt[3, 7] = lo[3, 7]
-    b = B._mk(lo, hi)
+    b = B.mk(lo, hi)
     got = opcheck.check(0, "op", b, ref, tgt)
     want = opcheck.check_inside(0, "op", lo, hi, ref, tgt, False)
     assert dataclasses.astuple(got) == dataclasses.astuple(want)
@@ -169,6 +169,6 @@ def test_quick_check_is_check_inside():
         assert got.verdict == "Type-II"
         assert str(dataclasses.astuple(got)) == str(dataclasses.astuple(want))
     # 0-d arrays
-    z = B._mk(np.array(1.0), np.array(2.0))
+    z = B.mk(np.array(1.0), np.array(2.0))
     c = opcheck.check(0, "op", z, np.array(1.5), np.array(1.5))
     assert c.verdict == "Type-I" and c.element == () and c.margin == 0.5

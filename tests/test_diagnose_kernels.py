@@ -1,5 +1,5 @@
-"""triage's whole-rule kernels (diagnose/kernels.py, and the compiled passes in products, rows,
-rules, layers and triage that use them) give the bounds of the NumPy and torch steps they
+"""triage's whole-rule kernels (intervals/torch_ops/kernels.py, and the compiled passes in
+products, rows, rules, layers and triage that use them) give the bounds of the NumPy and torch steps they
 replaced: matrix products against the BLAS path, layer / RMS norm, softmax, unary functions,
 sums, scaled scores, paired leaves and the hull check against those steps written out here,
 bit for bit, on random values with edge cases (infinite ends, whole lines, NaN, values near
@@ -17,13 +17,13 @@ import torch
 from test_diagnose_fused import same_bits
 
 from precisionlab import intervals as iv
-from precisionlab.diagnose import bound_ops as B
 from precisionlab.diagnose import opcheck
-from precisionlab.diagnose import products as P
-from precisionlab.diagnose import rows as RW
-from precisionlab.diagnose import rules as R
 from precisionlab.diagnose.pairing import _join, leaf_of
 from precisionlab.formats import get_format
+from precisionlab.intervals.torch_ops import arith as B
+from precisionlab.intervals.torch_ops import products as P
+from precisionlab.intervals.torch_ops import rows as RW
+from precisionlab.intervals.torch_ops import rules as R
 
 FORMATS = ("float64", "float32", "bfloat16", "float16")
 
@@ -46,7 +46,7 @@ def boxes(shape, seed: int, scale: float = 1.0, edges: bool = True) -> iv.Interv
         f_lo[1], f_hi[1] = -np.inf, 1.0
         f_lo[2], f_hi[2] = -np.inf, np.inf
         f_lo[3], f_hi[3] = 65000.0, 65600.0
-    return B._mk(lo, hi)
+    return B.mk(lo, hi)
 
 
 # --------------------------------------------------------------------------- matrix products
@@ -75,7 +75,7 @@ def test_float32_path_is_the_blas_path(fmt, wdt):
     for orel in (0.0, 3 * 2.0**-24):
         got = P._mm32(q, k, None, fmt, False, orel, None)
         assert got is not None and same(got, P._mm_blas(q, k, None, fmt, False, orel, None))
-    kt = B._mk(np.swapaxes(k.lo, -1, -2).copy(), np.swapaxes(k.hi, -1, -2).copy())
+    kt = B.mk(np.swapaxes(k.lo, -1, -2).copy(), np.swapaxes(k.hi, -1, -2).copy())
     assert same(P._mm32(q, kt, None, fmt, True, 0.0, None),
                 P._mm_blas(q, kt, None, fmt, True, 0.0, None))
     # broadcast batch axes and a full-shape bias are left to the BLAS path
@@ -102,43 +102,43 @@ def np_norm(x, nshape, w, b, eps, fmt, rms=False):
     lead = x.shape[: x.ndim - len(nshape)]
     n = math.prod(nshape)
     lo, hi = x.lo.reshape(*lead, n), x.hi.reshape(*lead, n)
-    g = B._gamma(n + 4, 2.0**-53)
+    g = B.gamma(n + 4, 2.0**-53)
     if rms:
-        d = B._mk(lo, hi)
+        d = B.mk(lo, hi)
     else:
         with np.errstate(invalid="ignore", over="ignore"):
             m_lo, m_hi = rowsum(lo) / n, rowsum(hi) / n
             sl = rowsum(np.abs(lo)) / n + rowsum(np.abs(hi)) / n
-            m_lo, m_hi = B._dn(m_lo - g * sl), B._up(m_hi + g * sl)
-            d = B._mk(B._dn(lo - m_hi), B._up(hi - m_lo))
+            m_lo, m_hi = B.down(m_lo - g * sl), B.up(m_hi + g * sl)
+            d = B.mk(B.down(lo - m_hi), B.up(hi - m_lo))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        sq = B._square(d)
-        v_lo = B._dn(rowsum(sq.lo) / n * (1 - g))
-        v_hi = B._up(rowsum(sq.hi) / n * (1 + g))
-        r_hi = B._up(1.0 / np.sqrt(B._dn(np.maximum(v_lo, 0.0) + eps_lo)) * (1 + g))
-        r_lo = B._dn(1.0 / np.sqrt(B._up(v_hi + eps_hi)) * (1 - g))
+        sq = R._square(d)
+        v_lo = B.down(rowsum(sq.lo) / n * (1 - g))
+        v_hi = B.up(rowsum(sq.hi) / n * (1 + g))
+        r_hi = B.up(1.0 / np.sqrt(B.down(np.maximum(v_lo, 0.0) + eps_lo)) * (1 + g))
+        r_lo = B.down(1.0 / np.sqrt(B.up(v_hi + eps_hi)) * (1 - g))
         r_lo = np.where(np.isnan(r_lo), 0.0, r_lo)
-        y = B._mul_iv(d, B._mk(r_lo, r_hi))
+        y = R._mul_iv(d, B.mk(r_lo, r_hi))
         xmax = np.max(np.maximum(np.abs(lo), np.abs(hi)), -1, keepdims=True)
         xhat = np.maximum(np.abs(y.lo), np.abs(y.hi))
         wabs, babs = 1.0, 0.0
         if w is not None:
-            wi = B._mk(w.lo.reshape(n), w.hi.reshape(n))
-            y = B._mul_iv(y, wi)
+            wi = B.mk(w.lo.reshape(n), w.hi.reshape(n))
+            y = R._mul_iv(y, wi)
             wabs = np.maximum(np.abs(wi.lo), np.abs(wi.hi))
         if b is not None:
-            bi = B._mk(b.lo.reshape(n), b.hi.reshape(n))
-            y = B._mk(B._dn(y.lo + bi.lo), B._up(y.hi + bi.hi))
+            bi = B.mk(b.lo.reshape(n), b.hi.reshape(n))
+            y = B.mk(B.down(y.lo + bi.lo), B.up(y.hi + bi.hi))
             babs = np.maximum(np.abs(bi.lo), np.abs(bi.hi))
-        u = get_format(B._internal(fmt)).unit_roundoff
+        u = get_format(B.internal(fmt)).unit_roundoff
         yabs = np.maximum(np.abs(y.lo), np.abs(y.hi))
         r = u * ((2 * n + 16) * xmax * r_hi * wabs + 4 * yabs + 2 * babs)
-        r = r + 2 * B._u_out(fmt) * (2 * xhat * wabs + babs + yabs)
-        y = B._round_into(B._widen_abs(y, np.fmin(r, np.inf)), fmt)
-        big = 4 * n * xmax**2 >= get_format(B._internal(fmt)).max_finite
+        r = r + 2 * B.u_out(fmt) * (2 * xhat * wabs + babs + yabs)
+        y = B.round_into(B.widen_abs(y, np.fmin(r, np.inf)), fmt)
+        big = 4 * n * xmax**2 >= get_format(B.internal(fmt)).max_finite
     nan = (np.isinf(lo) | np.isinf(hi)).any(-1, keepdims=True) | big
-    y = B._nan_where(y, nan)
-    return B._mk(y.lo.reshape(x.shape), y.hi.reshape(x.shape))
+    y = B.nan_where(y, nan)
+    return B.mk(y.lo.reshape(x.shape), y.hi.reshape(x.shape))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -161,25 +161,25 @@ def np_softmax(x, dim, fmt):
     def exact(z):
         _, e_lo, e_hi, s_lo, s_hi = RW._lse_parts(z)
         with np.errstate(invalid="ignore", divide="ignore"):
-            other_hi = np.maximum(s_hi - e_lo, 0.0) * (1 + 2.0**-50) + B._TINY
+            other_hi = np.maximum(s_hi - e_lo, 0.0) * (1 + 2.0**-50) + B.ABS_SLACK
             other_lo = np.maximum(s_lo - e_hi, 0.0) * (1 - 2.0**-50)
             lo = e_lo / (e_lo + other_hi) * (1 - 2.0**-50)
             hi = e_hi / (e_hi + other_lo) * (1 + 2.0**-50)
         lo, hi = np.where(np.isnan(lo), 0.0, lo), np.where(np.isnan(hi), 1.0, hi)
-        return B._mk(np.clip(lo, 0, 1), np.clip(hi, 0, 1))
+        return B.mk(np.clip(lo, 0, 1), np.clip(hi, 0, 1))
 
     def fn(z):
-        u = get_format(B._internal(fmt)).unit_roundoff
+        u = get_format(B.internal(fmt)).unit_roundoff
         with np.errstate(invalid="ignore", over="ignore"):
             r = 2 * u * (np.max(z.hi, -1, keepdims=True) - z.lo)
         r = np.where(z.hi == -np.inf, 0.0, np.fmin(r, np.inf))
-        return B._nan_where(exact(B._widen_abs(z, r)), RW._row_nan(z))
+        return B.nan_where(exact(B.widen_abs(z, r)), RW._row_nan(z))
     lo, hi = np.moveaxis(x.lo, dim, -1), np.moveaxis(x.hi, dim, -1)
-    y = fn(B._mk(lo, hi))
-    y = B._mk(np.moveaxis(y.lo, -1, dim), np.moveaxis(y.hi, -1, dim))
-    nan = B._whole(y)
-    y = B._finish(y, fmt, n + 4, extra=2.0)
-    return B._nan_where(B._mk(np.maximum(y.lo, 0.0), np.minimum(y.hi, 1.0)), nan)
+    y = fn(B.mk(lo, hi))
+    y = B.mk(np.moveaxis(y.lo, -1, dim), np.moveaxis(y.hi, -1, dim))
+    nan = B.whole(y)
+    y = B.finish(y, fmt, n + 4, extra=2.0)
+    return B.nan_where(B.mk(np.maximum(y.lo, 0.0), np.minimum(y.hi, 1.0)), nan)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -197,9 +197,9 @@ def test_softmax_kernels_are_the_numpy_steps(fmt):
 
 def np_unary(x, fn, fmt, ulps, kind, xmin=0.0, absc=0.0, over=math.inf, flush=False,
              domain=False):
-    """A unary rule in NumPy steps (`_mono` / unimodal, `_widen_abs`, `_finish`, ...), the chain
+    """A unary rule in NumPy steps (`_mono` / unimodal, `widen_abs`, `finish`, ...), the chain
     `kernels.unary_ends` began."""
-    a, b = B._fn64(fn, x.lo), B._fn64(fn, x.hi)
+    a, b = R._fn64(fn, x.lo), R._fn64(fn, x.hi)
     if kind == 2:
         fmin = float(fn(torch.tensor(xmin, dtype=torch.float64)))
         inside = (x.lo <= xmin) & (x.hi >= xmin)
@@ -208,31 +208,31 @@ def np_unary(x, fn, fmt, ulps, kind, xmin=0.0, absc=0.0, over=math.inf, flush=Fa
     else:
         lo, hi = (a, b) if kind == 0 else (b, a)
     with np.errstate(invalid="ignore", over="ignore"):
-        y = B._mk(B._dn(lo - np.abs(lo) * B._REL - B._TINY), B._up(hi + np.abs(hi) * B._REL +
-                                                                    B._TINY))
+        y = B.mk(B.down(lo - np.abs(lo) * B.REL_SLACK - B.ABS_SLACK), B.up(hi + np.abs(hi) * B.REL_SLACK +
+                                                                    B.ABS_SLACK))
         if absc:
-            y = B._widen_abs(y, absc * np.maximum(np.abs(x.lo), np.abs(x.hi)))
-    y = B._finish(y, fmt, ulps)
+            y = B.widen_abs(y, absc * np.maximum(np.abs(x.lo), np.abs(x.hi)))
+    y = B.finish(y, fmt, ulps)
     if over < math.inf:
-        y = B._mk(y.lo, np.where(x.hi >= over, np.inf, y.hi))
+        y = B.mk(y.lo, np.where(x.hi >= over, np.inf, y.hi))
     if flush:
-        t = -(math.log(get_format(B._internal(fmt)).max_finite) - 1.0)
+        t = -(math.log(get_format(B.internal(fmt)).max_finite) - 1.0)
         low = x.lo < t
-        y = B._mk(np.where(low, np.minimum(y.lo, 0.0), y.lo),
-                  np.where(low, np.maximum(y.hi, 0.0), y.hi))
-    return B._nan_where(y, (R._negative(x) if domain else False) | B._whole(x))
+        y = B.mk(np.where(low, np.minimum(y.lo, 0.0), y.lo),
+                 np.where(low, np.maximum(y.hi, 0.0), y.hi))
+    return B.nan_where(y, (R._negative(x) if domain else False) | B.whole(x))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_unary_kernel_is_the_numpy_steps(fmt):
     x = boxes((6, 50), 9, scale=30.0)
     x.lo[5, :3], x.hi[5, :3] = [-800.0, -1.0, 1e300], [-700.0, 2.0, 1e301]
-    inner = get_format(B._internal(fmt))
+    inner = get_format(B.internal(fmt))
     t = -(math.log(inner.max_finite) - 1.0)
     cases = [  # (fn, ulps, kind, xmin, absc, over, flush, domain), as rules.RULES uses them
-        (B._gelu64("none"), 4.0, 2, -0.7517916243, 8 * inner.unit_roundoff, inner.max_finite / 2,
+        (R._gelu64("none"), 4.0, 2, -0.7517916243, 8 * inner.unit_roundoff, inner.max_finite / 2,
          False, False),
-        (B._gelu64("tanh"), 8.0, 2, -0.7517916243, 8 * inner.unit_roundoff, inner.max_finite / 2,
+        (R._gelu64("tanh"), 8.0, 2, -0.7517916243, 8 * inner.unit_roundoff, inner.max_finite / 2,
          False, False),
         (torch.nn.functional.silu, 4.0, 2, -1.2784645428, 0.0, math.inf, True, False),
         (torch.tanh, 4.0, 0, 0.0, 0.0, math.inf, False, False),
@@ -241,7 +241,7 @@ def test_unary_kernel_is_the_numpy_steps(fmt):
         (torch.log, 4.0, 0, 0.0, 0.0, math.inf, False, True),
     ]
     for fn, ulps, kind, xmin, absc, over, flush, domain in cases:
-        got = B.unary_bound(x, fn, fmt, ulps, kind, xmin, absc, over, t if flush else -math.inf,
+        got = R.unary_bound(x, fn, fmt, ulps, kind, xmin, absc, over, t if flush else -math.inf,
                             domain)
         assert same(got, np_unary(x, fn, fmt, ulps, kind, xmin, absc, over, flush, domain))
 
@@ -253,22 +253,22 @@ def test_fused_sum_is_add_finite(fmt, minus):
     big = np.finfo(np.float64).max
     a.lo[0, :2], a.hi[0, :2] = big / 1.5, big / 1.5  # sums past float64's largest finite
     b.lo[0, :2], b.hi[0, :2] = (-big / 1.5, -big / 1.5) if minus else (big / 1.5, big / 1.5)
-    want = B._round_into(B._add_finite(a, b, minus, B._internal(fmt)), fmt)
+    want = B.round_into(R._add_finite(a, b, minus, B.internal(fmt)), fmt)
     assert same(R._add_fused(a, b, minus, fmt), want)
-    row = B._mk(b.lo[1], b.hi[1])  # broadcast
-    want = B._round_into(B._add_finite(a, row, minus, B._internal(fmt)), fmt)
+    row = B.mk(b.lo[1], b.hi[1])  # broadcast
+    want = B.round_into(R._add_finite(a, row, minus, B.internal(fmt)), fmt)
     assert same(R._add_fused(a, row, minus, fmt), want)
     assert R._add_fused(boxes((4, 30), 12), b, minus, fmt) is None  # an infinite end
 
 
 def test_scaled_is_mul_iv():
-    from precisionlab.diagnose import fused, kernels
+    from precisionlab.intervals.torch_ops import fused, kernels
 
     s = boxes((2, 3, 5, 5), 13, scale=5.0)
     for c in ((0.37 * (1 - 2.0**-52), 0.37 * (1 + 2.0**-52)), (-2.0, 0.5), (0.0, np.inf)):
         lo, hi = np.empty(s.shape), np.empty(s.shape)
         kernels.scaled(fused.flat(s.lo), fused.flat(s.hi), *c, lo.reshape(-1), hi.reshape(-1))
-        assert same(B._mk(lo, hi), B._mul_iv(s, B._mk(*c)))
+        assert same(B.mk(lo, hi), R._mul_iv(s, B.mk(*c)))
 
 
 # --------------------------------------------------------------------------- leaves and checks

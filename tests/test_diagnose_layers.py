@@ -4,7 +4,7 @@ program's, lies in the target's bound; planted bugs a few bound-widths wide are 
 
 Oracles: torch executing the layers in each precision (and under CPU autocast), float64
 programs, exact rational arithmetic (fractions) for the matrix products, the exact boxes
-`leaf`/`_join`/`_leaf_wide` build for the weights, hypothesis for random models and inputs.
+`leaf`/`_join`/`leaf_wide` build for the weights, hypothesis for random models and inputs.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from precisionlab import diagnose
-from precisionlab.diagnose import bound_ops as B
-from precisionlab.diagnose import products as P
 from precisionlab.diagnose.pairing import leaf_of
+from precisionlab.intervals.torch_ops import arith as B
+from precisionlab.intervals.torch_ops import products as P
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -403,7 +403,7 @@ def test_leaf_product_bound_contains_every_exact_product(seed, k, wdt, odt, fmt,
     lim = leaf.rho * np.abs(t) + leaf.tau
     assert (np.abs(box.lo - t) <= lim).all() and (np.abs(box.hi - t) <= lim).all()
     x = torch.randn(4, k, generator=g).double()
-    a = B._mk(x.numpy(), x.numpy() + np.abs(x.numpy()) * 2.0**-10)
+    a = B.mk(x.numpy(), x.numpy() + np.abs(x.numpy()) * 2.0**-10)
     y = P.mm(a, leaf, None, fmt, b_t=True)
     rng = np.random.default_rng(seed)
     for _ in range(3):

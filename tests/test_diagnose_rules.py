@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from precisionlab import diagnose
-from precisionlab.diagnose import bound_ops as B
-from precisionlab.diagnose import rules as R
+from precisionlab.intervals.torch_ops import arith as B
+from precisionlab.intervals.torch_ops import rules as R
 
 mpmath.mp.dps = 40
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,7 +39,7 @@ def derandomised(n: int):
 def point_bound(name, func, args, kwargs, fmt):
     """The rule's bound when every float input is known exactly (a point)."""
     rec = types.SimpleNamespace(name=name, func=func, args=args, kwargs=kwargs)
-    return R.bound(rec, lambda t: B._mk(B._np(t), B._np(t)), fmt)[0]
+    return R.bound(rec, lambda t: B.mk(B._np(t), B._np(t)), fmt)[0]
 
 
 def inside(b, y) -> np.ndarray:

@@ -27,7 +27,8 @@ floor up; a module imports only from floors below its own:
    ``torch.amp.GradScaler``'s semantics. ``underflow`` -- gradient attenuation by depth and
    per-layer gradient health. ``intervals/`` -- interval arithmetic with outward rounding,
    per-operation bound rules, propagation and the round-off-or-bug verdict, and the
-   labelled corpus.
+   labelled corpus; ``intervals/torch_ops/``, the bound rules for torch operations (the
+   engine ``diagnose.triage`` runs).
 5. ``mixed_precision`` -- a run's precision policy (autocast device and dtype, loss
    scaler) and low-precision weight storage. ``scaling_runs`` -- the chapters' training
    runs around a scaler (a scaler in front of the network, the AMP loop). ``quantize_runs``
@@ -36,7 +37,8 @@ floor up; a module imports only from floors below its own:
    ``plotting/`` -- the house style and the
    figures (``ax=None`` in, the Axes out).
 6. ``widgets/`` -- the frame switcher (its JS and CSS are package data) and one view per
-   chapter. ``diagnose/`` -- the book's lessons pointed at the reader's own model.
+   chapter. ``diagnose/`` -- the book's lessons pointed at the reader's own model: the four
+   diagnoses, triage's tracing, pairing and report (its bounds from ``intervals/torch_ops``).
 """
 
 __version__ = "1.0.0"

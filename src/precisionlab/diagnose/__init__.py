@@ -15,21 +15,18 @@
 Each returns a `Report`: plain data, printed as a table, drawn by `.plot(ax=None)`.
 Files: `report`, `gradients` (with `recipe_shares`, its shares and table under a scaling
 recipe, and `scale_view`, the picture and alt text of its loss-scale view), `mismatch`,
-`determinism`; triage's `triage` (tracing, verdict),
-`opcheck` (each paired operation's check), `shown` (the tensor a check's
-element indexes), `pairing` (which operations compare), `rules`,
-`rows` and `layers` (interval rules per operation: elementwise and shape, row-wise,
-convolution and attention), `bound_ops` (their shared interval arithmetic), `products`
-(interval matrix products), `fused` (compiled numba steps, bit for bit the NumPy steps they
-replace) and `kernels` (compiled whole-rule passes built from those steps).
+`determinism`; triage's `triage` (tracing, verdict), `opcheck` (each paired operation's
+check), `shown` (the tensor a check's element indexes) and `pairing` (which operations
+compare, and the bounds that pairing decides). The interval rules triage bounds each
+operation with live in `precisionlab.intervals.torch_ops`, imported by its public names.
 """
 
+from ..intervals.torch_ops import supported
 from .determinism import DeterminismReport, determinism, ulp_distance
 from .gradients import GradientReport, TensorGradients, cast_thresholds, gradients
 from .mismatch import SETTINGS, MismatchReport, logprobs, mismatch
 from .recipe_shares import RecipeShares
 from .report import Report
-from .rules import supported
 from .triage import OpCheck, TriageReport, UnsupportedOperation, triage
 
 __all__ = [

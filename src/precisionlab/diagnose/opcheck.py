@@ -11,8 +11,7 @@ import numpy as np
 import torch
 
 from .. import intervals as iv
-from . import bound_ops as bd
-from . import fused
+from ..intervals import torch_ops as bd
 
 __all__ = ["OpCheck", "check", "check_any", "check_hull", "check_inside", "check_values", "hull",
            "union", "values"]
@@ -61,13 +60,13 @@ def union(per: list) -> list:
     """Per output, the union of its bounds in each format (one format: its bounds)."""
     if len(per) == 1:
         return per[0]
-    return [bd._mk(np.minimum.reduce([p[j].lo for p in per]),
-                   np.maximum.reduce([p[j].hi for p in per])) for j in range(len(per[0]))]
+    return [bd.mk(np.minimum.reduce([p[j].lo for p in per]),
+                  np.maximum.reduce([p[j].hi for p in per])) for j in range(len(per[0]))]
 
 
 def hull(a: np.ndarray, b: np.ndarray) -> iv.Interval:
     """[min(a, b), max(a, b)]; the whole line where either is NaN."""
-    return bd._mk(np.minimum(a, b), np.maximum(a, b))
+    return bd.mk(np.minimum(a, b), np.maximum(a, b))
 
 
 def values(ref: torch.Tensor, tgt: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -86,12 +85,12 @@ def check_values(index, op, bound: iv.Interval, ref: torch.Tensor, tgt: torch.Te
         r, t = r.astype(np.float64), t.astype(np.float64)
         return check(index, op, bound, r, t, exact), (hull(t, r) if keep else None)
     h_lo, h_hi = (np.empty(r.shape), np.empty(r.shape)) if keep else (_NONE, _NONE)
-    flat, m, w = fused.inside_worst(fused.flat(lo), fused.flat(hi), _flat(r), _flat(t), keep,
-                                    h_lo.reshape(-1), h_hi.reshape(-1))
+    flat, m, w = bd.inside_worst(bd.flat(lo), bd.flat(hi), _flat(r), _flat(t), keep,
+                                 h_lo.reshape(-1), h_hi.reshape(-1))
     if flat >= 0:  # every value inside, none NaN: the hull needs no check
         return _inside(index, op, lo, hi, r, t, exact, flat, m, w), (
-            bd._bare(h_lo, h_hi) if keep else None)
-    return check_any(index, op, lo, hi, r, t, exact), (bd._mk(h_lo, h_hi) if keep else None)
+            bd.bare(h_lo, h_hi) if keep else None)
+    return check_any(index, op, lo, hi, r, t, exact), (bd.mk(h_lo, h_hi) if keep else None)
 
 
 _NONE = np.zeros(1)
@@ -103,19 +102,19 @@ def check_hull(index, op, ref: torch.Tensor, tgt: torch.Tensor) -> tuple[OpCheck
     r, t = values(ref, tgt)
     h_lo, h_hi = np.empty(r.shape), np.empty(r.shape)
     if not h_lo.size:
-        b = bd._bare(h_lo, h_hi)
+        b = bd.bare(h_lo, h_hi)
         return check(index, op, b, r.astype(np.float64), t.astype(np.float64), True), b
     # the kernel writes the hull before it reads the bound
-    flat, m, w = fused.inside_worst(h_lo.reshape(-1), h_hi.reshape(-1), _flat(r), _flat(t), True,
-                                    h_lo.reshape(-1), h_hi.reshape(-1))
+    flat, m, w = bd.inside_worst(h_lo.reshape(-1), h_hi.reshape(-1), _flat(r), _flat(t), True,
+                                 h_lo.reshape(-1), h_hi.reshape(-1))
     if flat >= 0:
-        return _inside(index, op, h_lo, h_hi, r, t, True, flat, m, w), bd._bare(h_lo, h_hi)
-    b = bd._mk(h_lo, h_hi)
+        return _inside(index, op, h_lo, h_hi, r, t, True, flat, m, w), bd.bare(h_lo, h_hi)
+    b = bd.mk(h_lo, h_hi)
     return check_any(index, op, b.lo, b.hi, r, t, True), b
 
 
 def _inside(index, op, lo, hi, ref, tgt, exact, flat, m, w) -> OpCheck:
-    """The Type-I check from `fused.inside_worst`'s worst entry (flat index), margin and width."""
+    """The Type-I check from `bd.inside_worst`'s worst entry (flat index), margin and width."""
     el, rest = [], int(flat)  # np.unravel_index(flat, lo.shape), in C order
     for n in reversed(lo.shape):
         rest, i = divmod(rest, n)
@@ -131,8 +130,8 @@ def check(index, op, bound: iv.Interval, ref: np.ndarray, tgt: np.ndarray,
     """The reference against the target's bound: outside count, worst element, margin, width."""
     lo, hi = bound.lo, bound.hi
     if lo.size and lo.shape == hi.shape == ref.shape == tgt.shape:
-        flat, m, w = fused.inside_worst(fused.flat(lo), fused.flat(hi), _flat(ref), _flat(tgt),
-                                        False, _NONE, _NONE)
+        flat, m, w = bd.inside_worst(bd.flat(lo), bd.flat(hi), _flat(ref), _flat(tgt),
+                                     False, _NONE, _NONE)
         if flat >= 0:  # `check_inside`'s values, in one compiled pass
             return _inside(index, op, lo, hi, ref, tgt, exact, flat, m, w)
         return check_any(index, op, lo, hi, ref, tgt, exact)
@@ -146,7 +145,7 @@ def _flat(a: np.ndarray) -> np.ndarray:
     """a as a C-contiguous 1-D array of its own type (float32 or float64)."""
     if a.dtype == np.float32:
         return np.ascontiguousarray(a).reshape(-1)
-    return fused.flat(a)
+    return bd.flat(a)
 
 
 def check_any(index, op, lo, hi, ref, tgt, exact) -> OpCheck:

@@ -11,15 +11,15 @@ import torch
 
 from .. import intervals as iv
 from ..formats import get_format
-from . import bound_ops as bd
-from .products import Leaf
+from ..intervals import torch_ops as bd
+from ..intervals.torch_ops import Leaf
 
 _IGNORED = (torch.dtype, torch.device, torch.layout, torch.memory_format)
 _RANK = {"float64": 3, "float32": 2, "bfloat16": 1, "float16": 1}
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _coarser(a: str, b: str) -> list:
+def coarser(a: str, b: str) -> list:
     """The formats to bound an operation in so that both programs' results are covered: the
     coarser alone when one format's values contain the other's (every rule widens and rounds
     outward, so its bound in the coarser format contains its bound in the finer), else both."""
@@ -28,17 +28,17 @@ def _coarser(a: str, b: str) -> list:
     return [a if _RANK[a] < _RANK[b] else b]
 
 
-def _coarsest(fmts: set) -> list:
+def coarsest(fmts: set) -> list:
     """The coarsest formats of a set (both float16 and bfloat16 when both are there)."""
     low = min(_RANK[f] for f in fmts)
     return sorted(f for f in fmts if _RANK[f] == low)
 
 
 def _join(a: iv.Interval, b: iv.Interval) -> iv.Interval:
-    return bd._mk(np.minimum(a.lo, b.lo), np.maximum(a.hi, b.hi))
+    return bd.mk(np.minimum(a.lo, b.lo), np.maximum(a.hi, b.hi))
 
 
-def _leaf_wide(t: torch.Tensor, ref_fmts: set) -> iv.Interval:
+def leaf_wide(t: torch.Tensor, ref_fmts: set) -> iv.Interval:
     """A target leaf (weight, input, constant) with no paired reference leaf: the reals that round
     to it, and, where the reference holds coarser copies (a float32 target beside a bfloat16
     reference), the reals within an ulp of its rounding into each such format."""
@@ -48,8 +48,8 @@ def _leaf_wide(t: torch.Tensor, ref_fmts: set) -> iv.Interval:
     own = bd.fmt_of(t.dtype)
     for f in ref_fmts:
         if f != own and _RANK[f] <= _RANK[own] and f != "float64":
-            c = bd._round_into(box, f)
-            c = bd._widen_rel(c, 1.0, f)  # double rounding through a third format
+            c = bd.round_into(box, f)
+            c = bd.widen_rel(c, 1.0, f)  # double rounding through a third format
             box = _join(box, c)
     return box
 
@@ -62,7 +62,7 @@ def _unit(fmt: str) -> tuple[float, float]:
 
 def leaf_of(t: torch.Tensor, other: torch.Tensor | None, ref_fmts: set) -> Leaf:
     """A target leaf as a `Leaf`: its box joined with the paired reference leaf `other`
-    (`_join` of both `leaf`s), or, unpaired, `_leaf_wide`; with |x - t| <= rho |t| + tau over
+    (`_join` of both `leaf`s), or, unpaired, `leaf_wide`; with |x - t| <= rho |t| + tau over
     that box. Own box: u_f |t| + q_f / 2. Paired, the finer value rounds to the coarser in
     format c, so |t - v| <= u_c |finer| + q_c / 2, and v's box adds u_r |v| + q_r / 2: within
     1.05 (u_c + u_r) |t| + q_c + q_r (equal formats: equal values). Widened to a coarser c:
@@ -91,7 +91,7 @@ def leaf_of(t: torch.Tensor, other: torch.Tensor | None, ref_fmts: set) -> Leaf:
         rho, tau = 1.05 * rho, 2 * tau
 
         def make(index):
-            return _leaf_wide(t if index is None else t[index], ref_fmts)
+            return leaf_wide(t if index is None else t[index], ref_fmts)
     return Leaf(t, rho, tau, frozenset(fmts), make)
 
 
@@ -155,7 +155,7 @@ def _leaves_agree(x: torch.Tensor, y: torch.Tensor) -> bool:
                 and torch.equal(a.isnan(), b.isnan())))
 
 
-def _same_call(rec, p, corr: dict):
+def same_call(rec, p, corr: dict):
     """(same, why, leaf pairs): whether the target's call rec computes the expression of the
     reference's call p; why names the first differing argument when the float inputs agree."""
     if not (rec.kwargs or p.kwargs) and _plain(rec.args) and _plain(p.args):
@@ -196,7 +196,7 @@ def _same_call(rec, p, corr: dict):
     return (not why), why, (pairs if not why else {})
 
 
-def _unknown_choice(rec, get, fmt: str) -> list:
+def unknown_choice(rec, get, fmt: str) -> list:
     """Bounds of an operation whose mask or indices come from float values (x > 0, argmax):
     the reference may choose differently. where / masked_fill: either branch; others: unknown."""
     outs = list(rec.outs)
@@ -204,16 +204,16 @@ def _unknown_choice(rec, get, fmt: str) -> list:
     if name == "where" and len(rec.args) >= 3 and not rec.args[0].is_floating_point():
         x, y = rec.args[1], rec.args[2]
     elif name in ("masked_fill", "masked_fill_"):
-        x, y = rec.args[0], bd._arg(rec.args, rec.kwargs, 2, "value")
+        x, y = rec.args[0], bd.arg(rec.args, rec.kwargs, 2, "value")
     elif name == "embedding":  # any row of the table
-        w = get(bd._arg(rec.args, rec.kwargs, 1, "weight"))
+        w = get(bd.arg(rec.args, rec.kwargs, 1, "weight"))
         shape = tuple(outs[0].shape)
-        return [bd._mk(np.broadcast_to(w.lo.min(0), shape), np.broadcast_to(w.hi.max(0), shape))]
+        return [bd.mk(np.broadcast_to(w.lo.min(0), shape), np.broadcast_to(w.hi.max(0), shape))]
     else:
-        return [bd._mk(np.full(o.shape, -np.inf), np.full(o.shape, np.inf)) for o in outs]
-    A = get(x) if isinstance(x, torch.Tensor) else bd._scalar(x, fmt)
-    B = get(y) if isinstance(y, torch.Tensor) else bd._scalar(y, fmt)
+        return [bd.mk(np.full(o.shape, -np.inf), np.full(o.shape, np.inf)) for o in outs]
+    A = get(x) if isinstance(x, torch.Tensor) else bd.scalar(x, fmt)
+    B = get(y) if isinstance(y, torch.Tensor) else bd.scalar(y, fmt)
     shape = tuple(outs[0].shape)
     lo = np.broadcast_to(np.minimum(np.broadcast_to(A.lo, shape), np.broadcast_to(B.lo, shape)), shape)
     hi = np.broadcast_to(np.maximum(np.broadcast_to(A.hi, shape), np.broadcast_to(B.hi, shape)), shape)
-    return [bd._round_into(bd._mk(lo, hi), fmt)]
+    return [bd.round_into(bd.mk(lo, hi), fmt)]

@@ -54,24 +54,23 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import intervals as iv
+from ..intervals import torch_ops as bd
 from ..tables import Table
-from . import bound_ops as bd
-from . import rules as R
 from .opcheck import OpCheck, check_hull, check_values, union
 from .pairing import (
-    _coarser,
-    _coarsest,
-    _leaf_wide,
-    _same_call,
-    _unknown_choice,
+    coarser,
+    coarsest,
     leaf_of,
+    leaf_wide,
+    same_call,
+    unknown_choice,
 )
 from .report import Report, as_inputs, new_axes, rows_fit, short
 from .shown import Shown, torch_forward
 
 __all__ = ["OpCheck", "TriageReport", "UnsupportedOperation", "trace", "triage"]
 
-UnsupportedOperation = R.UnsupportedOperation
+UnsupportedOperation = bd.UnsupportedOperation
 _MATMULS = ("linear", "matmul", "mm", "bmm")
 _SMALL = 4096  # paired vectors up to this size get their boxes in one batch
 _CREATE = frozenset({"zeros", "ones", "full", "arange", "tensor", "as_tensor", "zeros_like",
@@ -460,7 +459,7 @@ def _on_hulls(rec, matched: set, anchor: dict, p) -> bool:
     float inputs are all paired outputs (consumers read the hull of both programs' values) and
     whose outputs are checked against p's: its bound, the same gather of the inputs' hull, is
     then the hull of both programs' outputs."""
-    if rec.name not in R.EXACT or rec.name in R.FILLS or rec.index not in matched or p is None:
+    if rec.name not in bd.EXACT or rec.name in bd.FILLS or rec.index not in matched or p is None:
         return False
     if not all(anchor.get((rec.index, j)) is o for j, o in enumerate(p.outs)):
         return False
@@ -484,17 +483,17 @@ def _declared(kernels: Mapping | None, rec) -> iv.Kernel | None:
 def _kernel_mm(rec, get, kernel: iv.Kernel, fmt: str) -> list:
     """A declared Kernel: intervals.matmul per matrix under the structure-aware rule."""
     if rec.name == "linear":
-        x, w = get(rec.args[0]), get(bd._arg(rec.args, rec.kwargs, 1, "weight"))
-        b = bd._arg(rec.args, rec.kwargs, 2, "bias")
+        x, w = get(rec.args[0]), get(bd.arg(rec.args, rec.kwargs, 1, "weight"))
+        b = bd.arg(rec.args, rec.kwargs, 2, "bias")
         lead = x.shape[:-1]
         a = iv.Interval(x.lo.reshape(-1, x.shape[-1]), x.hi.reshape(-1, x.shape[-1]), None,
                         "structure")
         y = iv.matmul(a, iv.Interval(w.lo.T, w.hi.T, None, "structure"), kernel)
         if isinstance(b, torch.Tensor):
             y = iv.add(y, get(b).with_rule("structure"), kernel.out_format.name)
-        y = bd._round_into(bd._mk(y.lo.reshape(*lead, -1), y.hi.reshape(*lead, -1)), fmt)
+        y = bd.round_into(bd.mk(y.lo.reshape(*lead, -1), y.hi.reshape(*lead, -1)), fmt)
         return [y]
-    A, B = get(rec.args[0]), get(bd._arg(rec.args, rec.kwargs, 1, "other"))
+    A, B = get(rec.args[0]), get(bd.arg(rec.args, rec.kwargs, 1, "other"))
     shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2])
     alo, ahi = (np.broadcast_to(z, (*shape, *A.shape[-2:])) for z in (A.lo, A.hi))
     blo, bhi = (np.broadcast_to(z, (*shape, *B.shape[-2:])) for z in (B.lo, B.hi))
@@ -504,7 +503,7 @@ def _kernel_mm(rec, get, kernel: iv.Kernel, fmt: str) -> list:
         y = iv.matmul(iv.Interval(alo[idx], ahi[idx], None, "structure"),
                       iv.Interval(blo[idx], bhi[idx], None, "structure"), kernel)
         lo[idx], hi[idx] = y.lo, y.hi
-    return [bd._round_into(bd._mk(lo, hi), fmt)]
+    return [bd.round_into(bd.mk(lo, hi), fmt)]
 
 
 def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageReport:
@@ -567,7 +566,7 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
         ok = False
         if p is not None and len(p.outs) == len(rec.outs) and all(
                 a.shape == b.shape for a, b in zip(p.outs, rec.outs, strict=True)):
-            ok, why, pairs = _same_call(rec, p, corr)
+            ok, why, pairs = same_call(rec, p, corr)
             if ok:
                 matched.add(rec.index)
                 leafpair.update(pairs)
@@ -614,7 +613,7 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
                 if other is not None:
                     box = boxes.get((rec.index, id(t)))
                     return box if box is not None else bd.leaf(t, other)
-                return _leaf_wide(t, ref_leaf_fmts)
+                return leaf_wide(t, ref_leaf_fmts)
             return held[src]
 
         def lazy(t, rec=rec):
@@ -626,27 +625,27 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
         fmts = [bd.fmt_of(rec.outs[0].dtype)]
         if rec.index in ref_fmt:
             if ref_fmt[rec.index] not in fmts:
-                fmts = _coarser(fmts[0], ref_fmt[rec.index])
+                fmts = coarser(fmts[0], ref_fmt[rec.index])
         else:
-            fmts = _coarsest({fmts[0]} | ref_fmts)
+            fmts = coarsest({fmts[0]} | ref_fmts)
         dd = rec.index not in matched and any(id(t) in tt.dd for t in rec.ins)
         if _on_hulls(rec, matched, anchor, by_key.get(keyf(rec))):
             bs = None  # each output checked against the hull of both programs' outputs
         elif rec.name in _CREATE:  # a constant: like a leaf (the reference may hold it coarser)
-            bs = [_leaf_wide(o, ref_fmts) for o in rec.outs]
+            bs = [leaf_wide(o, ref_fmts) for o in rec.outs]
         elif dd:  # masks or indices computed from float values may differ in the reference
-            bs = union([_unknown_choice(rec, get, f) for f in fmts])
+            bs = union([unknown_choice(rec, get, f) for f in fmts])
         else:
             kernel = _declared(kernels, rec) if rec.name in _MATMULS else None
             try:
                 per = [(_kernel_mm(rec, get, kernel, f) if kernel is not None
-                        else R.bound(rec, get, f)) for f in fmts]
+                        else bd.bound(rec, get, f)) for f in fmts]
             except UnsupportedOperation as e:
                 detail = str(e)
                 raise UnsupportedOperation(
                     f"triage cannot bound operation #{rec.index} {rec.name!r}"
                     f"{' in module ' + repr(rec.path) if rec.path else ''}"
-                    + (f"; supported: {', '.join(R.supported())}" if detail == rec.name
+                    + (f"; supported: {', '.join(bd.supported())}" if detail == rec.name
                        else f": {detail}")) from None
             if kernel is not None:
                 declared.append((op, kernel.describe()))
@@ -669,7 +668,7 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
                     h = h if (rec.index, j) in last else None
                 else:
                     c, h = check_values(rec.index, label, b, anchor[(rec.index, j)], o,
-                                        rec.name in R.EXACT, (rec.index, j) in last)
+                                        rec.name in bd.EXACT, (rec.index, j) in last)
                 if h is not None:
                     held[(rec.index, j)] = h
                 checks.append(shown.apply(c, rec.index, j))

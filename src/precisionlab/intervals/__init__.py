@@ -47,6 +47,13 @@ structure is known:
   `source_charge` (`source_rules`): the source's own first-order charge for a tiled matmul
   with atomic adds; `dot_by_hand`, `every_order` and `injected_bug` (`demos`) serve the
   chapter's walk-through and widget.
+* `torch_ops/`: the same bounds for torch operations whose kernel is not known - the rules
+  `precisionlab.diagnose.triage` bounds a traced program with (elementwise and shape
+  operations, matrix products, softmax, norms, cross entropy, convolutions, attention), under
+  one kernel model (float32 inside, an ulp budget per operation, any summation order), with
+  compiled (numba) passes that give the NumPy steps' values bit for bit. Its names stay in
+  their own namespace (`intervals.torch_ops.bound`, `.RULES`, `.leaf`, ...); its files are
+  listed in its docstring.
 
 Non-finite values, one convention for every rule:
 
@@ -68,6 +75,7 @@ Non-finite values, one convention for every rule:
 """
 
 from ..gpu import KERNEL_ORDERS, Kernel, leaf_depths, promote
+from . import torch_ops
 from .bounds import matmul, sum_
 from .corpus import (
     CORPUS,
@@ -179,6 +187,7 @@ __all__ = [
     "sqrt",
     "sub",
     "sum_",
+    "torch_ops",
     "uniform_data",
     "where",
 ]

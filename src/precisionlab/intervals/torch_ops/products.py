@@ -11,20 +11,20 @@ import math
 import numpy as np
 import torch
 
-from .. import intervals as iv
-from ..formats import get_format
+from ...formats import get_format
+from ..interval import Interval
 from . import fused, kernels
-from .bound_ops import (
-    _TINY,
-    _bare,
-    _dn,
-    _gamma,
-    _internal,
-    _mk,
-    _reduced,
-    _round_into,
-    _up,
+from .arith import (
+    ABS_SLACK,
+    bare,
+    down,
+    gamma,
+    internal,
+    mk,
+    reduced,
+    round_into,
     rounding,
+    up,
 )
 
 __all__ = ["Leaf", "box_products", "close_products", "leaf_products", "midrad", "mm",
@@ -64,7 +64,7 @@ class Leaf:
         """Number of axes."""
         return self.t.ndim
 
-    def box(self, index=None) -> iv.Interval:
+    def box(self, index=None) -> Interval:
         """The exact box (of the entries at `index`, a gather, when given)."""
         return self._make(index)
 
@@ -98,7 +98,7 @@ def _midrad_np(lo: np.ndarray, hi: np.ndarray, g64: float) -> tuple[np.ndarray, 
     return m, r
 
 
-def midrad(x: iv.Interval, g64: float) -> tuple[torch.Tensor, torch.Tensor]:
+def midrad(x: Interval, g64: float) -> tuple[torch.Tensor, torch.Tensor]:
     """`_midrad_np` of x's ends, as float64 tensors."""
     m, r = _midrad_np(np.asarray(x.lo, dtype=np.float64), np.asarray(x.hi, dtype=np.float64), g64)
     return torch.from_numpy(m), torch.from_numpy(r)
@@ -130,7 +130,7 @@ def upper_product(left: torch.Tensor, right: torch.Tensor, right_max: float | No
     right_max: max(right) when the caller knows it."""
     k = left.shape[-1]
     if not _ieee_float32():
-        g = _gamma(k + 4, 2.0**-53)
+        g = gamma(k + 4, 2.0**-53)
         return (left.to(torch.float64) @ right.to(torch.float64)) * (1 + 2 * g)
 
     def up32(t):
@@ -140,7 +140,7 @@ def upper_product(left: torch.Tensor, right: torch.Tensor, right_max: float | No
     if right_max is None or right.dtype not in _EXACT_IN_F32:
         right_max = float(b.max()) if b.numel() else 0.0
     top = (float(a.max()) if a.numel() else 0.0) + right_max
-    return (a @ b).to(torch.float64) * (1 + 2 * _gamma(k + 2, 2.0**-24)) + 2 * k * 2.0**-126 * (
+    return (a @ b).to(torch.float64) * (1 + 2 * gamma(k + 2, 2.0**-24)) + 2 * k * 2.0**-126 * (
         1 + top)
 
 
@@ -174,7 +174,7 @@ def box_products(am, ar, bm, br, g64: float):
     return pm, pr, q + pr
 
 
-def close_products(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g64: float):
+def close_products(pm, pr, s, terms: int, bias: Interval | None, fmt: str, g64: float):
     """(lo, hi) float64 arrays bounding sum_i a_i b_i (+ bias) accumulated in fmt's internal
     format in any order: |error| <= gamma_terms(u) s + terms q, plus float64's own error in pm
     (3 g64 s) and in forming the radius (a factor 1 + 8 g64). With a bias and a float16/bfloat16
@@ -189,18 +189,18 @@ def close_products(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g6
     return _close_numpy(pm, pr, s, terms, bias, fmt, g64)
 
 
-def _close_numpy(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g64: float):
+def _close_numpy(pm, pr, s, terms: int, bias: Interval | None, fmt: str, g64: float):
     """`close_products` on float64 arrays in NumPy steps (any bias shape)."""
-    acc = get_format(_internal(fmt))
+    acc = get_format(internal(fmt))
     inf_b = None
     extra = 0.0
     with np.errstate(invalid="ignore", over="ignore"):
         over = None
         if bias is not None:
-            if _reduced(fmt):
+            if reduced(fmt):
                 f = get_format(fmt)
                 extra = 1.01 * f.unit_roundoff * s + f.min_subnormal
-                over = _over(s, 1 + _gamma(terms, acc.unit_roundoff), f.max_finite * 0.999)
+                over = _over(s, 1 + gamma(terms, acc.unit_roundoff), f.max_finite * 0.999)
             blo, bhi = bias.lo, bias.hi
             inf_b = (blo == bhi) & np.isinf(blo)
             if inf_b.any():
@@ -209,10 +209,10 @@ def _close_numpy(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g64:
             pm, pr, s = pm + bmid, pr + brad, s + np.abs(bmid) + brad
             terms += 1
         u = acc.unit_roundoff
-        rad = (pr + (_gamma(terms, u) + 3 * g64) * s + extra) * (1 + 8 * g64) + terms * (
-            acc.min_subnormal + _TINY)
-        lo, hi = _dn(pm - rad), _up(pm + rad)
-        acc_over = _over(s, 1 + _gamma(terms, u), acc.max_finite)
+        rad = (pr + (gamma(terms, u) + 3 * g64) * s + extra) * (1 + 8 * g64) + terms * (
+            acc.min_subnormal + ABS_SLACK)
+        lo, hi = down(pm - rad), up(pm + rad)
+        acc_over = _over(s, 1 + gamma(terms, u), acc.max_finite)
         if acc_over is not None:
             over = acc_over if over is None else acc_over | over
     if inf_b is not None and inf_b.any():
@@ -222,29 +222,29 @@ def _close_numpy(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g64:
     return np.where(over, -np.inf, lo), np.where(over, np.inf, hi)
 
 
-def _close_args(terms: int, bias: iv.Interval | None, fmt: str, g64: float) -> tuple:
+def _close_args(terms: int, bias: Interval | None, fmt: str, g64: float) -> tuple:
     """`fused.close_tail`'s arguments after (pm, pr, s, ncol): the bias and the constants."""
-    acc = get_format(_internal(fmt))
+    acc = get_format(internal(fmt))
     uf, qf, grow_f, limit_f = 0.0, 0.0, 1.0, math.inf
     blo = bhi = _ZERO
     if bias is not None:
-        if _reduced(fmt):
+        if reduced(fmt):
             f = get_format(fmt)
             uf, qf = f.unit_roundoff, f.min_subnormal
-            grow_f, limit_f = 1 + _gamma(terms, acc.unit_roundoff), f.max_finite * 0.999
+            grow_f, limit_f = 1 + gamma(terms, acc.unit_roundoff), f.max_finite * 0.999
         blo, bhi = fused.flat(bias.lo), fused.flat(bias.hi)
         terms += 1
     u = acc.unit_roundoff
-    c1, c2 = _gamma(terms, u) + 3 * g64, 1 + 8 * g64
-    c3 = terms * (acc.min_subnormal + _TINY)
+    c1, c2 = gamma(terms, u) + 3 * g64, 1 + 8 * g64
+    c3 = terms * (acc.min_subnormal + ABS_SLACK)
     return (bias is not None, blo, bhi, g64, c1, c2, c3, uf, qf, grow_f, limit_f,
-            1 + _gamma(terms, u), acc.max_finite)
+            1 + gamma(terms, u), acc.max_finite)
 
 
 _ZERO = np.zeros(1)
 
 
-def _close_fused(pm, pr, s, terms: int, bias: iv.Interval | None, fmt: str, g64: float):
+def _close_fused(pm, pr, s, terms: int, bias: Interval | None, fmt: str, g64: float):
     """`_close_numpy`'s values in one compiled pass, for no bias or one bias entry per column."""
     n = pm.shape[-1] if pm.ndim and pm.size else 1
     lo, hi = np.empty(pm.shape), np.empty(pm.shape)  # a bias broadcasts to pm's shape
@@ -261,7 +261,7 @@ def _over(s: np.ndarray, grow: float, limit: float) -> np.ndarray | None:
     return s * grow >= limit
 
 
-def mm(a, b, bias: iv.Interval | None, fmt: str, b_t: bool = False, operand_rel: float = 0.0):
+def mm(a, b, bias: Interval | None, fmt: str, b_t: bool = False, operand_rel: float = 0.0):
     """Bound of a @ b (+ bias) for (..., m, k) @ (..., k, n); b_t: b is given as (..., n, k);
     operand_rel: each product a_i b_i may also be off by that much relative (operands scaled
     and rounded inside the kernel), charged as operand_rel sum |a_i b_i|.
@@ -281,15 +281,15 @@ def mm(a, b, bias: iv.Interval | None, fmt: str, b_t: bool = False, operand_rel:
     return _mm_blas(a, b, bias, fmt, b_t, operand_rel, rr)
 
 
-def _mm_blas(a: iv.Interval, b, bias, fmt: str, b_t: bool, operand_rel: float, rr):
+def _mm_blas(a: Interval, b, bias, fmt: str, b_t: bool, operand_rel: float, rr):
     """`mm` in torch and NumPy steps around the BLAS products (b a `Leaf` with radius rr, or an
     Interval when rr is None)."""
     if fmt != "float64":  # autocast: operands rounded into the output's format first
-        a = _round_into(a, fmt)
+        a = round_into(a, fmt)
         if bias is not None:
-            bias = _round_into(bias, fmt)
+            bias = round_into(bias, fmt)
     k = a.shape[-1]
-    g64 = _gamma(k + 4, 2.0**-53)
+    g64 = gamma(k + 4, 2.0**-53)
     am, ar = midrad(a, g64)
     lead = None
     if len(b.shape) == 2 and am.ndim != 2:  # one GEMM for a weight matrix (or a vector)
@@ -300,7 +300,7 @@ def _mm_blas(a: iv.Interval, b, bias, fmt: str, b_t: bool, operand_rel: float, r
             pm, pr, s = leaf_products(am, ar, b.t, *rr, g64, w_t=b_t, w_max=b.amax)
         else:
             if fmt != "float64":
-                b = _round_into(b, fmt)
+                b = round_into(b, fmt)
             bm, br = midrad(b, g64)
             if b_t:
                 bm, br = bm.transpose(-1, -2), br.transpose(-1, -2)
@@ -311,10 +311,10 @@ def _mm_blas(a: iv.Interval, b, bias, fmt: str, b_t: bool, operand_rel: float, r
     lo, hi = close_products(pm, pr, s, k, bias, fmt, g64)
     if lead is not None:
         lo, hi = lo.reshape(*lead, -1), hi.reshape(*lead, -1)
-    return _round_into(_mk(lo, hi), fmt)
+    return round_into(mk(lo, hi), fmt)
 
 
-def _operand(x: iv.Interval, nb: int, nr: int, nc: int, by_rows: bool, fmt: str, g64: float):
+def _operand(x: Interval, nb: int, nr: int, nc: int, by_rows: bool, fmt: str, g64: float):
     """`kernels.mm_operand` of x as nb blocks of nr x nc: (mid, float32 stack, row sums, max)."""
     mid = np.empty(nb * nr * nc)
     stack = np.empty(2 * nb * nr * nc, dtype=np.float32)
@@ -324,7 +324,7 @@ def _operand(x: iv.Interval, nb: int, nr: int, nc: int, by_rows: bool, fmt: str,
     return torch.from_numpy(mid), torch.from_numpy(stack), rows, top
 
 
-def _mm32(a: iv.Interval, b, bias, fmt: str, b_t: bool, orel: float, rr):
+def _mm32(a: Interval, b, bias, fmt: str, b_t: bool, orel: float, rr):
     """`mm`'s bounds for a float16/bfloat16/float32 result (float32 accumulation) when torch's
     float32 matmul is IEEE: the same steps (`leaf_products` for a `Leaf` b with radius rr, else
     `box_products`; `close_products`) in compiled passes around the two BLAS products, the
@@ -347,7 +347,7 @@ def _mm32(a: iv.Interval, b, bias, fmt: str, b_t: bool, orel: float, rr):
     nb = 1 if flat2 else math.prod(a.shape[:-2])
     if not (m and k and n and nb):
         return None
-    g64 = _gamma(k + 4, 2.0**-53)
+    g64 = gamma(k + 4, 2.0**-53)
     lead = () if flat2 else (nb,)  # 2-D products for a weight matrix, as `mm` does
     am, sa, rows, top_a = _operand(a, nb, m, k, True, fmt, g64)
     am, sa = am.view(*lead, m, k), sa.view(*lead, 2 * m, k)
@@ -360,15 +360,15 @@ def _mm32(a: iv.Interval, b, bias, fmt: str, b_t: bool, orel: float, rr):
         rho, tau = rr
     else:
         blo, bhi = (np.swapaxes(b.lo, -1, -2), np.swapaxes(b.hi, -1, -2)) if b_t else (b.lo, b.hi)
-        bm, sb, _, top_b = _operand(_bare(blo, bhi), nb, k, n, False, fmt, g64)
+        bm, sb, _, top_b = _operand(bare(blo, bhi), nb, k, n, False, fmt, g64)
         pm, prod, top = am @ bm.view(*lead, k, n), sa @ sb.view(*lead, k, 2 * n), top_a + top_b
         rho = tau = 0.0
     if bias is not None:
-        bias = _round_into(bias, fmt)
+        bias = round_into(bias, fmt)
     lo, hi = np.empty(nb * m * n), np.empty(nb * m * n)
     pm = pm.numpy().reshape(-1)
     if kernels.mm_close(pm, prod.numpy().reshape(-1), nb, m, n, leaf, rows, rho, tau,
-                        1 + 2 * _gamma(k + 2, 2.0**-24), 2 * k * 2.0**-126 * (1 + top),
+                        1 + 2 * gamma(k + 2, 2.0**-24), 2 * k * 2.0**-126 * (1 + top),
                         float(orel), n, *_close_args(k, bias, fmt, g64), *rounding(fmt), lo, hi):
-        return _bare(lo.reshape(*a.shape[:-1], n), hi.reshape(*a.shape[:-1], n))
-    return _mk(lo.reshape(*a.shape[:-1], n), hi.reshape(*a.shape[:-1], n))
+        return bare(lo.reshape(*a.shape[:-1], n), hi.reshape(*a.shape[:-1], n))
+    return mk(lo.reshape(*a.shape[:-1], n), hi.reshape(*a.shape[:-1], n))

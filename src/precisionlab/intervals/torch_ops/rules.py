@@ -34,38 +34,35 @@ found necessary by tests/test_diagnose_rules.py against torch's own CPU kernels)
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import torch
 
-from .. import intervals as iv
-from ..formats import get_format
-from . import fused
-from .bound_ops import (
-    _FN_ULPS,
+from ...formats import get_format
+from .. import ops
+from ..interval import Interval
+from . import fused, kernels
+from .arith import (
+    ABS_SLACK,
+    REL_SLACK,
     UnsupportedOperation,
-    _add_finite,
-    _arg,
-    _bare,
-    _finish,
-    _finite,
-    _gelu64,
-    _internal,
-    _is_t,
-    _mk,
-    _mono,
-    _mul_iv,
-    _nan_where,
-    _round_into,
-    _scalar,
-    _square,
-    _t,
-    _whole,
+    arg,
+    bare,
+    down,
+    finish,
+    internal,
+    is_tensor,
     lazy,
     leaf,
+    mk,
+    nan_where,
+    round_into,
     rounding,
-    unary_bound,
+    scalar,
+    up,
+    whole,
 )
 from .layers import LAYER_RULES
 from .products import Leaf, mm
@@ -99,7 +96,7 @@ def _apply_exact(rec, get, fmt_out):
     write = rec.name in _WRITES
 
     def sub(obj, which):
-        if _is_t(obj) and obj.is_floating_point():
+        if is_tensor(obj) and obj.is_floating_point():
             b = get(obj)
             t = _t(b.lo if which == "lo" else b.hi)
             return t.clone() if write else t
@@ -113,17 +110,17 @@ def _apply_exact(rec, get, fmt_out):
         out = rec.func(*a, **kw)
         store["out"] = a[0] if rec.name == "__setitem__" else out
     lo, hi = los["out"], his["out"]
-    if _is_t(lo):
+    if is_tensor(lo):
         lo, hi = [lo], [hi]
     outs = []
     fills = rec.name in FILLS
     for a, b in zip(lo, hi, strict=True):
         a, b = a.numpy(), b.numpy()
         if not fills:  # the same gather of ordered ends: ordered, no NaN
-            outs.append(_bare(a, b))
+            outs.append(bare(a, b))
             continue
-        y = _bare(a, b) if (a <= b).all() else _mk(np.minimum(a, b), np.maximum(a, b))
-        outs.append(_round_into(y, fmt_out))
+        y = bare(a, b) if (a <= b).all() else mk(np.minimum(a, b), np.maximum(a, b))
+        outs.append(round_into(y, fmt_out))
     return outs
 
 
@@ -132,37 +129,151 @@ def supported() -> tuple[str, ...]:
     return tuple(sorted(set(RULES) | EXACT | set(_CASTS) | {"to", "type", "type_as"}))
 
 
+# --------------------------------------------------------------------------- elementwise
+
+_FN_ULPS = 4.0  # exp, log, tanh, sigmoid, erf-based GELU, SiLU: ulps of the internal format
+
+
+def _finite(x: Interval) -> bool:
+    """Whether every end of x is finite."""
+    return bool(np.isfinite(x.lo).all() and np.isfinite(x.hi).all())
+
+
+def _add_finite(a: Interval, b: Interval, minus: bool, fmt: str) -> Interval:
+    """intervals.add(a, b, fmt) (intervals.sub when minus) for finite a and b, the same bounds in
+    fewer passes: the float64 sums of the ends stepped outward (+-max64 where a sum of finite
+    ends overflowed), then rounded outward into fmt (correctly rounded: half an ulp)."""
+    blo, bhi = (-b.hi, -b.lo) if minus else (b.lo, b.hi)
+    with np.errstate(over="ignore"):
+        raw_lo, raw_hi = a.lo + blo, a.hi + bhi
+    lo, hi = down(raw_lo), up(raw_hi)
+    over_lo, over_hi = raw_lo == np.inf, raw_hi == -np.inf
+    if over_lo.any() or over_hi.any():
+        big = np.finfo(np.float64).max
+        lo, hi = np.where(over_lo, big, lo), np.where(over_hi, -big, hi)
+    return round_into(mk(lo, hi), fmt)
+
+
+def _mul_iv(a: Interval, b: Interval) -> Interval:
+    """Exact product bounds (float64, outward)."""
+    if b.lo.size <= a.lo.size and (b.lo > 0).all() and (b.hi < np.inf).all():
+        # b within (0, inf) everywhere: no 0 * inf, and a.lo * b (a.hi * b) holds the least
+        # (greatest) of the four products; the same bounds from two products
+        with np.errstate(over="ignore"):
+            lo = down(np.minimum(a.lo * b.lo, a.lo * b.hi))
+            hi = up(np.maximum(a.hi * b.lo, a.hi * b.hi))
+        return mk(lo, hi)
+    with np.errstate(invalid="ignore", over="ignore"):
+        c = [a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi]
+        nan = np.logical_or.reduce([np.isnan(x) for x in c])  # 0 * inf: NaN in the program
+        lo, hi = down(np.minimum.reduce(c)), up(np.maximum.reduce(c))
+    return mk(np.where(nan, -np.inf, lo), np.where(nan, np.inf, hi))
+
+
+def _square(a: Interval) -> Interval:
+    lo2, hi2 = a.lo * a.lo, a.hi * a.hi
+    straddle = (a.lo <= 0) & (a.hi >= 0)
+    return mk(np.where(straddle, 0.0, down(np.minimum(lo2, hi2))), up(np.maximum(lo2, hi2)))
+
+
+def _fn64(fn, x: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return fn(_t(x)).numpy()
+
+
+def _mono(x: Interval, fn, increasing: bool = True) -> Interval:
+    """fn applied to both ends of a monotone function, with float64 slack."""
+    a, b = _fn64(fn, x.lo), _fn64(fn, x.hi)
+    lo, hi = (a, b) if increasing else (b, a)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return mk(down(lo - np.abs(lo) * REL_SLACK - ABS_SLACK),
+                  up(hi + np.abs(hi) * REL_SLACK + ABS_SLACK))
+
+
+def unary_bound(x: Interval, fn, fmt: str, ulps: float, kind: int, xmin: float = 0.0,
+                absc: float = 0.0, over: float = math.inf, flush: float = -math.inf,
+                domain: bool = False) -> Interval:
+    """A unary rule after fn (float64 torch) at both ends: `_mono` (kind 0 increasing, 1
+    decreasing) or unimodal (kind 2, minimum at xmin), `widen_abs` by absc max|x| (one
+    compiled pass, `kernels.unary_ends`), `finish` with ulps, hi = inf where x's hi >= over
+    (finite), 0 included where x's lo < flush, and the whole line where x is (domain: where
+    its lo may be < 0)."""
+    lo, hi = np.asarray(x.lo, dtype=np.float64), np.asarray(x.hi, dtype=np.float64)
+    fa, fb = _fn64(fn, lo), _fn64(fn, hi)
+    fminv = 0.0
+    if kind == 2:
+        fmin = _at(fn, xmin)
+        fminv = fmin - abs(fmin) * 1e-6  # fmin's location is rounded
+    a, b = np.empty(lo.shape), np.empty(lo.shape)
+    kernels.unary_ends(fused.flat(lo), fused.flat(hi), fused.flat(fa), fused.flat(fb), kind,
+                       float(xmin), fminv, REL_SLACK, ABS_SLACK, float(absc), a.reshape(-1),
+                       b.reshape(-1))
+    y = finish(mk(a, b), fmt, ulps)
+    if over < math.inf:
+        y = mk(y.lo, np.where(hi >= over, np.inf, y.hi))
+    if flush > -math.inf:
+        low = lo < flush
+        y = mk(np.where(low, np.minimum(y.lo, 0.0), y.lo), np.where(low, np.maximum(y.hi, 0.0),
+                                                                      y.hi))
+    mask = whole(x) | ((x.lo < 0) | np.isnan(x.lo) if domain else False)
+    return nan_where(y, mask)
+
+
+@functools.cache
+def _at(fn, x: float) -> float:
+    """fn(x) in float64 (fn a float64 torch function)."""
+    return float(fn(torch.tensor(x, dtype=torch.float64)))
+
+
+@functools.cache
+def _gelu64(approximate):
+    """GELU in float64: torch's own formula for "none", x 0.5 (1 + erf(x / sqrt 2)), written out
+    with torch.special.erf, which is vectorised where torch's float64 GELU kernel calls erf one
+    value at a time (several times slower); both erfs are within a few ulps."""
+    if approximate == "none":
+        return lambda z: z * 0.5 * (1 + torch.special.erf(z * math.sqrt(0.5)))
+    return lambda z: torch.nn.functional.gelu(z, approximate=approximate)
+
+
+def _t(a: np.ndarray) -> torch.Tensor:
+    """A float64 tensor of a's values: a's own memory when it is contiguous and writable."""
+    a = np.asarray(a, dtype=np.float64)
+    if a.flags.c_contiguous and a.flags.writeable:
+        return torch.from_numpy(a)
+    return torch.from_numpy(np.array(a, dtype=np.float64, order="C"))  # keeps 0-d arrays 0-d
+
+
 def _binary(name):
     def rule(rec, get, fmt):
-        a, b = rec.args[0], _arg(rec.args, rec.kwargs, 1, "other")
+        a, b = rec.args[0], arg(rec.args, rec.kwargs, 1, "other")
         if name in ("__rsub__", "rsub", "__rtruediv__", "__rdiv__"):
             a, b = b, a
-        A = get(a) if _is_t(a) else _scalar(a, fmt)
-        B = get(b) if _is_t(b) else _scalar(b, fmt)
+        A = get(a) if is_tensor(a) else scalar(a, fmt)
+        B = get(b) if is_tensor(b) else scalar(b, fmt)
         alpha = rec.kwargs.get("alpha", 1)
         if alpha != 1:
-            B = _mul_iv(B, _mk(float(alpha), float(alpha)))
+            B = _mul_iv(B, mk(float(alpha), float(alpha)))
         op = name.strip("_").removeprefix("r").removeprefix("i").rstrip("_")
-        inner = _internal(fmt)
+        inner = internal(fmt)
         if op in ("add", "sub", "subtract"):
             y = _add_fused(A, B, op != "add", fmt)
             if y is not None:
                 return [y]
         if op in ("add", "sub", "subtract") and _finite(A) and _finite(B):
-            return [_round_into(_add_finite(A, B, op != "add", inner), fmt)]
+            return [round_into(_add_finite(A, B, op != "add", inner), fmt)]
         if op in ("add",):
-            y = iv.add(A, B, inner)
+            y = ops.add(A, B, inner)
         elif op in ("sub", "subtract"):
-            y = iv.sub(A, B, inner)
+            y = ops.sub(A, B, inner)
         elif op in ("mul", "multiply"):
-            y = iv.mul(A, B, inner)
+            y = ops.mul(A, B, inner)
         else:
-            y = iv.div(A, B, inner, ulps=1.5)
-        return [_round_into(_mk(y.lo, y.hi), fmt)]
+            y = ops.div(A, B, inner, ulps=1.5)
+        return [round_into(mk(y.lo, y.hi), fmt)]
     return rule
 
 
-def _add_fused(A: iv.Interval, B: iv.Interval, minus: bool, fmt: str) -> iv.Interval | None:
+def _add_fused(A: Interval, B: Interval, minus: bool, fmt: str) -> Interval | None:
     """`_add_finite` into the internal format and rounded into fmt in one compiled pass (the same
     bounds: float16/bfloat16 values nest in float32's); None where an end is not finite."""
     alo, ahi, blo, bhi = A.lo, A.hi, B.lo, B.hi
@@ -173,17 +284,17 @@ def _add_fused(A: iv.Interval, B: iv.Interval, minus: bool, fmt: str) -> iv.Inte
                        lo.reshape(-1), hi.reshape(-1))
     if ok < 0:
         return None
-    return _bare(lo, hi) if ok else _mk(lo, hi)
+    return bare(lo, hi) if ok else mk(lo, hi)
 
 
 def _r_linear(rec, get, fmt):
-    x, w = get(rec.args[0]), lazy(get, _arg(rec.args, rec.kwargs, 1, "weight"))
-    b = _arg(rec.args, rec.kwargs, 2, "bias")
-    return [mm(x, w, get(b) if _is_t(b) else None, fmt, b_t=True)]
+    x, w = get(rec.args[0]), lazy(get, arg(rec.args, rec.kwargs, 1, "weight"))
+    b = arg(rec.args, rec.kwargs, 2, "bias")
+    return [mm(x, w, get(b) if is_tensor(b) else None, fmt, b_t=True)]
 
 
 def _r_matmul(rec, get, fmt):
-    a, b = rec.args[0], _arg(rec.args, rec.kwargs, 1, "other")
+    a, b = rec.args[0], arg(rec.args, rec.kwargs, 1, "other")
     A, B = get(a), lazy(get, b)
     if A.ndim < 2 or B.ndim < 2:
         raise UnsupportedOperation("triage bounds matmul of operands with >= 2 axes; got shapes "
@@ -199,16 +310,16 @@ def _r_addmm(rec, get, fmt):
 
 
 def _r_embedding(rec, get, fmt):
-    idx, w = rec.args[0], lazy(get, _arg(rec.args, rec.kwargs, 1, "weight"))
-    if _arg(rec.args, rec.kwargs, 3, "max_norm") is not None:
+    idx, w = rec.args[0], lazy(get, arg(rec.args, rec.kwargs, 1, "weight"))
+    if arg(rec.args, rec.kwargs, 3, "max_norm") is not None:
         raise UnsupportedOperation("triage cannot bound embedding with max_norm (it rescales rows)")
     i = idx.detach().cpu().numpy()
     if isinstance(w, Leaf):  # only the rows looked up
         return [w.box(torch.from_numpy(i))]
-    return [_mk(w.lo[i], w.hi[i])]
+    return [mk(w.lo[i], w.hi[i])]
 
 
-def _negative(x: iv.Interval) -> np.ndarray:
+def _negative(x: Interval) -> np.ndarray:
     """Elements whose argument may be < 0 (sqrt, log, rsqrt give NaN there) or unknown."""
     return (x.lo < 0) | np.isnan(x.lo)
 
@@ -217,15 +328,15 @@ def _r_unary(fn, ulps, kind="mono", xmin=None, flush=False, domain=False):
     def rule(rec, get, fmt):
         # sigmoid / SiLU as 1 / (1 + e^-x): where e^-x may overflow the internal format, the
         # kernel returns 0 for a tiny nonzero exact value: 0 included there
-        t = -(math.log(get_format(_internal(fmt)).max_finite) - 1.0) if flush else -math.inf
+        t = -(math.log(get_format(internal(fmt)).max_finite) - 1.0) if flush else -math.inf
         return [unary_bound(get(rec.args[0]), fn, fmt, ulps, {"mono": 0, "dec": 1}.get(kind, 2),
                             xmin or 0.0, flush=t, domain=domain)]
     return rule
 
 
 def _r_gelu(rec, get, fmt):
-    approx = _arg(rec.args, rec.kwargs, 1, "approximate", "none")
-    inner = get_format(_internal(fmt))
+    approx = arg(rec.args, rec.kwargs, 1, "approximate", "none")
+    inner = get_format(internal(fmt))
     # x Phi(x) with Phi = (1 + erf(x / sqrt 2)) / 2: Phi's absolute error (cancellation for
     # x < 0) times |x|, beside the relative budget; x (1 + erf(x / sqrt 2)) / 2 overflows
     # before the halving when x > max / 2
@@ -236,63 +347,63 @@ def _r_gelu(rec, get, fmt):
 
 def _r_relu(rec, get, fmt):
     x = get(rec.args[0])
-    return [_nan_where(_mk(np.maximum(x.lo, 0.0), np.maximum(x.hi, 0.0)), _whole(x))]
+    return [nan_where(mk(np.maximum(x.lo, 0.0), np.maximum(x.hi, 0.0)), whole(x))]
 
 
 def _r_sqrt(rec, get, fmt):
     x = get(rec.args[0])
-    y = _mono(_mk(np.maximum(x.lo, 0), np.maximum(x.hi, 0)), torch.sqrt)
-    return [_nan_where(_finish(y, fmt, 0.5), _negative(x))]
+    y = _mono(mk(np.maximum(x.lo, 0), np.maximum(x.hi, 0)), torch.sqrt)
+    return [nan_where(finish(y, fmt, 0.5), _negative(x))]
 
 
 def _r_rsqrt(rec, get, fmt):
     """1/sqrt(x): 2 float32 ulps; torch's scalar float16/bfloat16 path rounds sqrt(x) into the
     dtype before dividing (1.33 ulps measured): 1 ulp of the dtype more."""
     x = get(rec.args[0])
-    y = _mono(_mk(np.maximum(x.lo, 0), np.maximum(x.hi, 0)), torch.rsqrt, increasing=False)
-    return [_nan_where(_finish(y, fmt, 2.0, extra=1.0), _negative(x))]
+    y = _mono(mk(np.maximum(x.lo, 0), np.maximum(x.hi, 0)), torch.rsqrt, increasing=False)
+    return [nan_where(finish(y, fmt, 2.0, extra=1.0), _negative(x))]
 
 
 def _r_pow(rec, get, fmt):
-    e = _arg(rec.args, rec.kwargs, 1, "exponent")
+    e = arg(rec.args, rec.kwargs, 1, "exponent")
     x = get(rec.args[0])
-    if _is_t(e) or e not in (1, 2, 0.5, -0.5):
+    if is_tensor(e) or e not in (1, 2, 0.5, -0.5):
         raise UnsupportedOperation(f"triage bounds pow with exponent 1, 2, 0.5 or -0.5; got {e!r}")
     if e == 1:
         return [x]
     if e == 2:
-        return [_finish(_square(x), fmt, 0.5)]
-    pos = _mk(np.maximum(x.lo, 0), np.maximum(x.hi, 0))
+        return [finish(_square(x), fmt, 0.5)]
+    pos = mk(np.maximum(x.lo, 0), np.maximum(x.hi, 0))
     y = _mono(pos, torch.sqrt) if e == 0.5 else _mono(pos, torch.rsqrt, increasing=False)
-    return [_nan_where(_finish(y, fmt, 2.0, extra=1.0), _negative(x))]
+    return [nan_where(finish(y, fmt, 2.0, extra=1.0), _negative(x))]
 
 
 def _r_neg(rec, get, fmt):
     x = get(rec.args[0])
-    return [_mk(-x.hi, -x.lo)]
+    return [mk(-x.hi, -x.lo)]
 
 
 def _r_amax(rec, get, fmt):
     x = get(rec.args[0])
-    dim = _arg(rec.args, rec.kwargs, 1, "dim", ())
-    keep = bool(_arg(rec.args, rec.kwargs, 2, "keepdim", False))
+    dim = arg(rec.args, rec.kwargs, 1, "dim", ())
+    keep = bool(arg(rec.args, rec.kwargs, 2, "keepdim", False))
     axes = tuple(range(x.ndim)) if dim in ((), None) else ((dim,) if isinstance(dim, int) else
                                                             tuple(dim))
-    return [_mk(np.max(x.lo, axis=axes, keepdims=keep), np.max(x.hi, axis=axes, keepdims=keep))]
+    return [mk(np.max(x.lo, axis=axes, keepdims=keep), np.max(x.hi, axis=axes, keepdims=keep))]
 
 
 def _r_where(rec, get, fmt):
     if rec.args[0].dtype == torch.bool:  # torch.where(condition, input, other)
-        c, a, b = (_arg(rec.args, rec.kwargs, i, n) for i, n in ((0, "condition"), (1, "input"),
-                                                                 (2, "other")))
+        c, a, b = (arg(rec.args, rec.kwargs, i, n) for i, n in ((0, "condition"), (1, "input"),
+                                                                (2, "other")))
     else:  # input.where(condition, other)
-        a, c, b = (_arg(rec.args, rec.kwargs, i, n) for i, n in ((0, "input"), (1, "condition"),
-                                                                 (2, "other")))
+        a, c, b = (arg(rec.args, rec.kwargs, i, n) for i, n in ((0, "input"), (1, "condition"),
+                                                                (2, "other")))
     cond = c.detach().cpu().numpy().astype(bool)
-    A = get(a) if _is_t(a) else _scalar(a, fmt)
-    B = get(b) if _is_t(b) else _scalar(b, fmt)
-    y = _mk(np.where(cond, A.lo, B.lo), np.where(cond, A.hi, B.hi))
-    return [_round_into(y, fmt)]
+    A = get(a) if is_tensor(a) else scalar(a, fmt)
+    B = get(b) if is_tensor(b) else scalar(b, fmt)
+    y = mk(np.where(cond, A.lo, B.lo), np.where(cond, A.hi, B.hi))
+    return [round_into(y, fmt)]
 
 
 RULES = {
@@ -316,7 +427,7 @@ for _n in ("add", "sub", "mul", "div"):
 for _v in ("true_divide", "__truediv__", "__rtruediv__", "__itruediv__", "subtract", "multiply",
            "rsub"):
     RULES[_v] = _binary(_v)
-RULES["square"] = lambda rec, get, fmt: [_finish(_square(get(rec.args[0])), fmt, 0.5)]
+RULES["square"] = lambda rec, get, fmt: [finish(_square(get(rec.args[0])), fmt, 0.5)]
 del RULES["__rmatmul__"]
 
 
@@ -324,13 +435,13 @@ def bound(rec, get, fmt: str) -> list:
     """The operation's output bounds (one per output tensor) with results in fmt."""
     name = rec.name
     if name in EXACT:
-        mode = _arg(rec.args, rec.kwargs, 2, "mode", "constant")
+        mode = arg(rec.args, rec.kwargs, 2, "mode", "constant")
         if name == "pad" and mode not in ("constant", "reflect", "replicate", "circular"):
             raise UnsupportedOperation("triage bounds pad with mode 'constant', 'reflect', "
                                        f"'replicate' or 'circular'; got {mode!r}")
         return _apply_exact(rec, get, fmt)
     if name in _CASTS or name in ("to", "type", "type_as"):
-        return [_round_into(get(rec.args[0]), fmt)]
+        return [round_into(get(rec.args[0]), fmt)]
     rule = RULES.get(name)
     if rule is None:
         raise UnsupportedOperation(name)

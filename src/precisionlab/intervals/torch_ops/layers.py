@@ -25,10 +25,28 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import intervals as iv
-from ..formats import get_format
-from . import bound_ops as bd
+from ...formats import get_format
+from .. import ops
+from ..interval import Interval
 from . import fused, kernels, products
+from .arith import (
+    UnsupportedOperation,
+    arg,
+    bare,
+    down,
+    finish,
+    gamma,
+    internal,
+    is_tensor,
+    lazy,
+    mk,
+    reduced,
+    round_into,
+    scalar,
+    up,
+    widen_abs,
+    widen_rel,
+)
 from .rows import softmax_rule, sum_rule
 
 # --------------------------------------------------------------------------- convolution
@@ -41,26 +59,26 @@ def _pairs(v, nd: int) -> tuple:
 def _r_conv(nd: int):
     def rule(rec, get, fmt):
         a = rec.args
-        x, w = get(a[0]), bd.lazy(get, bd._arg(a, rec.kwargs, 1, "weight"))
-        b = bd._arg(a, rec.kwargs, 2, "bias")
-        stride, padding, dilation, groups = (bd._arg(a, rec.kwargs, i, n, d) for i, n, d in (
+        x, w = get(a[0]), lazy(get, arg(a, rec.kwargs, 1, "weight"))
+        b = arg(a, rec.kwargs, 2, "bias")
+        stride, padding, dilation, groups = (arg(a, rec.kwargs, i, n, d) for i, n, d in (
             (3, "stride", 1), (4, "padding", 0), (5, "dilation", 1), (6, "groups", 1)))
-        return [conv_bound(x, w, get(b) if bd._is_t(b) else None, _pairs(stride, nd), padding,
+        return [conv_bound(x, w, get(b) if is_tensor(b) else None, _pairs(stride, nd), padding,
                            _pairs(dilation, nd), int(groups), fmt, nd)]
     return rule
 
 
-def conv_bound(x: iv.Interval, w, bias, stride, padding, dilation, groups: int, fmt: str,
-               nd: int) -> iv.Interval:
+def conv_bound(x: Interval, w, bias, stride, padding, dilation, groups: int, fmt: str,
+               nd: int) -> Interval:
     """conv1d / conv2d of x (N, C, *spatial) or unbatched (C, *spatial) with w (O, C/groups,
     *kernel): y = sum over C/groups * kernel entries of x w, bounded as a matrix product."""
     batched = x.ndim == nd + 2
     kern = tuple(w.shape[2:])
     if fmt != "float64":  # autocast: operands rounded into the output's format first
-        x = bd._round_into(x, fmt)
-        bias = None if bias is None else bd._round_into(bias, fmt)
+        x = round_into(x, fmt)
+        bias = None if bias is None else round_into(bias, fmt)
     k = (w.shape[1]) * int(np.prod(kern))
-    g64 = bd._gamma(k + 4, 2.0**-53)
+    g64 = gamma(k + 4, 2.0**-53)
     xm, xr = products.midrad(x, g64)
     if not batched:
         xm, xr = xm[None], xr[None]
@@ -69,7 +87,7 @@ def conv_bound(x: iv.Interval, w, bias, stride, padding, dilation, groups: int, 
         kern, stride, dilation = (1, *kern), (1, *stride), (1, *dilation)
     if isinstance(padding, str):
         if padding not in ("valid", "same"):
-            raise bd.UnsupportedOperation(
+            raise UnsupportedOperation(
                 f"conv padding must be 'valid', 'same' or numbers; got {padding!r}")
         pads = []
         for kk, d in zip(reversed(kern), reversed(dilation), strict=True):
@@ -90,7 +108,7 @@ def conv_bound(x: iv.Interval, w, bias, stride, padding, dilation, groups: int, 
         wm, wr = w.t.reshape(o, ck), None
     else:
         box = w.box() if isinstance(w, products.Leaf) else w
-        box = bd._round_into(box, fmt) if fmt != "float64" else box
+        box = round_into(box, fmt) if fmt != "float64" else box
         wm, wr = (z.reshape(o, ck) for z in products.midrad(box, g64))
     parts = []
     with np.errstate(invalid="ignore", over="ignore"):
@@ -108,32 +126,32 @@ def conv_bound(x: iv.Interval, w, bias, stride, padding, dilation, groups: int, 
     lo, hi = (np.moveaxis(z, -1, 1).reshape(shape) for z in (lo, hi))
     if not batched:
         lo, hi = lo[0], hi[0]
-    return bd._round_into(bd._mk(lo, hi), fmt)
+    return round_into(mk(lo, hi), fmt)
 
 
 # --------------------------------------------------------------------------- attention
 
 
-def _scaled(x: iv.Interval, c: float, fmt: str) -> iv.Interval:
+def _scaled(x: Interval, c: float, fmt: str) -> Interval:
     """x * c for a Python float c, rounded into fmt as torch's tensor-scalar product does."""
-    y = iv.mul(x, bd._scalar(c, fmt), bd._internal(fmt))
-    return bd._round_into(bd._mk(y.lo, y.hi), fmt)
+    y = ops.mul(x, scalar(c, fmt), internal(fmt))
+    return round_into(mk(y.lo, y.hi), fmt)
 
 
-def _add_mask(s: iv.Interval, mask, get, fmt: str) -> iv.Interval:
+def _add_mask(s: Interval, mask, get, fmt: str) -> Interval:
     """Scores with sdpa's mask: bool (True attends) sets -inf where False; a float mask is
     added to the rounded scores, and the sum rounded."""
     if mask is None:
         return s
-    if bd._is_t(mask) and mask.dtype == torch.bool:
+    if is_tensor(mask) and mask.dtype == torch.bool:
         keep = mask.detach().cpu().numpy()
-        return bd._mk(np.where(keep, s.lo, -np.inf), np.where(keep, s.hi, -np.inf))
-    m = get(mask) if bd._is_t(mask) else mask
+        return mk(np.where(keep, s.lo, -np.inf), np.where(keep, s.hi, -np.inf))
+    m = get(mask) if is_tensor(mask) else mask
     with np.errstate(invalid="ignore"):
-        return bd._finish(bd._mk(bd._dn(s.lo + m.lo), bd._up(s.hi + m.hi)), fmt, 0.5)
+        return finish(mk(down(s.lo + m.lo), up(s.hi + m.hi)), fmt, 0.5)
 
 
-def _amax(x: iv.Interval) -> float:
+def _amax(x: Interval) -> float:
     """max |v| over the box (lo <= hi: max(-min lo, max hi, 0)); inf when not finite."""
     if not x.lo.size:
         return 0.0
@@ -141,12 +159,12 @@ def _amax(x: iv.Interval) -> float:
     return m if math.isfinite(m) else math.inf
 
 
-def _swap(x: iv.Interval) -> iv.Interval:
-    return bd._mk(np.swapaxes(x.lo, -1, -2), np.swapaxes(x.hi, -1, -2))
+def _swap(x: Interval) -> Interval:
+    return mk(np.swapaxes(x.lo, -1, -2), np.swapaxes(x.hi, -1, -2))
 
 
 def attention_bound(q, k, v, mask, get, causal: bool, scale, fmt: str, cpu: bool = True
-                    ) -> iv.Interval:
+                    ) -> Interval:
     """softmax(q k^T scale + mask) v over the last two axes (sdpa's conventions).
 
     Kernels: fused ones scale the float32 product; a math kernel scales q and k by
@@ -160,7 +178,7 @@ def attention_bound(q, k, v, mask, get, causal: bool, scale, fmt: str, cpu: bool
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     cpu = cpu and not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
-    inner = "float32" if cpu and bd._reduced(fmt) else fmt
+    inner = "float32" if cpu and reduced(fmt) else fmt
     f = get_format(inner)
     u = f.unit_roundoff if inner != "float64" else 0.0
     s = products.mm(q, _swap(k), None, inner, operand_rel=3 * u)
@@ -169,49 +187,49 @@ def attention_bound(q, k, v, mask, get, causal: bool, scale, fmt: str, cpu: bool
     if u:
         tiny = q.shape[-1] * f.min_subnormal * (1 + _amax(q) + _amax(k))
         tiny = tiny * max(1.0, math.sqrt(abs(scale)))
-    lo, hi = np.empty(s.shape), np.empty(s.shape)  # times the scale (`_mul_iv`), one pass
+    lo, hi = np.empty(s.shape), np.empty(s.shape)  # times the scale (rules' `_mul_iv`), one pass
     kernels.scaled(fused.flat(s.lo), fused.flat(s.hi), min(sc), max(sc), lo.reshape(-1),
                    hi.reshape(-1))
-    s = bd._finish(bd._mk(lo, hi), inner, 1.0)
+    s = finish(mk(lo, hi), inner, 1.0)
     if tiny:
-        s = bd._widen_abs(s, tiny)
+        s = widen_abs(s, tiny)
     if causal:
         keep = np.tri(*s.shape[-2:], dtype=bool)  # the lower triangle, diagonal included
-        s = bd._bare(np.where(keep, s.lo, -np.inf), np.where(keep, s.hi, -np.inf))
+        s = bare(np.where(keep, s.lo, -np.inf), np.where(keep, s.hi, -np.inf))
     p = softmax_rule(_add_mask(s, mask, get, inner), -1, inner)
     if inner == fmt:
         return products.mm(p, v, None, fmt)
-    return bd._round_into(products.mm(bd._widen_rel(p, 1.0, fmt), v, None, inner), fmt)
+    return round_into(products.mm(widen_rel(p, 1.0, fmt), v, None, inner), fmt)
 
 
 def _dropout_error(what: str, when: str = "in training mode",
                    fix: str = "call model.eval() (or set the dropout probability to 0) first"
-                   ) -> bd.UnsupportedOperation:
-    return bd.UnsupportedOperation(
+                   ) -> UnsupportedOperation:
+    return UnsupportedOperation(
         f"triage cannot bound {what} {when}: it draws a random mask, and the two programs draw "
         f"theirs independently, so their values are not comparable; {fix}")
 
 
 def _r_sdpa(rec, get, fmt):
     q, k, v = (get(rec.args[i]) for i in range(3))
-    mask = bd._arg(rec.args, rec.kwargs, 3, "attn_mask")
-    if float(bd._arg(rec.args, rec.kwargs, 4, "dropout_p", 0.0)) > 0:
+    mask = arg(rec.args, rec.kwargs, 3, "attn_mask")
+    if float(arg(rec.args, rec.kwargs, 4, "dropout_p", 0.0)) > 0:
         raise _dropout_error(
             "scaled_dot_product_attention's dropout", "(dropout_p > 0 drops in eval mode too)",
             "pass dropout_p=0 outside training (dropout_p=p if self.training else 0.0) and "
             "call model.eval()")
     if rec.kwargs.get("enable_gqa", False):
-        raise bd.UnsupportedOperation(
+        raise UnsupportedOperation(
             "triage does not bound scaled_dot_product_attention with enable_gqa=True")
-    causal = bool(bd._arg(rec.args, rec.kwargs, 5, "is_causal", False))
-    return [attention_bound(q, k, v, mask, get, causal, bd._arg(rec.args, rec.kwargs, 6, "scale"),
+    causal = bool(arg(rec.args, rec.kwargs, 5, "is_causal", False))
+    return [attention_bound(q, k, v, mask, get, causal, arg(rec.args, rec.kwargs, 6, "scale"),
                             fmt, rec.args[0].device.type == "cpu")]
 
 
 _MHA = inspect.signature(F.multi_head_attention_forward)
 
 
-def _project(x: iv.Interval, w, b, rows: slice, fmt: str) -> iv.Interval:
+def _project(x: Interval, w, b, rows: slice, fmt: str) -> Interval:
     """x W[rows]^T + b[rows] (W a Leaf or an Interval)."""
     wr = w.part(rows) if isinstance(w, products.Leaf) else w[rows]
     return products.mm(x, wr, None if b is None else b[rows], fmt, b_t=True)
@@ -236,13 +254,13 @@ def _mha_mask(p, get, N: int, h: int, L: int, S: int, fmt: str):
         if name == "key_padding_mask":
             lo, hi = (np.broadcast_to(t.reshape(N, 1, 1, S), (N, h, 1, S)).reshape(N * h, 1, S)
                       for t in (lo, hi))
-        masks.append(bd._mk(lo, hi))
+        masks.append(mk(lo, hi))
     if not masks:
         return None
     if len(masks) == 1:
         return masks[0]
-    y = iv.add(masks[0], masks[1], bd._internal(fmt))
-    return bd._round_into(bd._mk(y.lo, y.hi), fmt)
+    y = ops.add(masks[0], masks[1], internal(fmt))
+    return round_into(mk(y.lo, y.hi), fmt)
 
 
 def _r_mha(rec, get, fmt):
@@ -252,31 +270,31 @@ def _r_mha(rec, get, fmt):
     p = a.arguments
     for name in ("bias_k", "bias_v", "static_k", "static_v"):
         if p[name] is not None:
-            raise bd.UnsupportedOperation(f"triage does not bound multi-head attention with {name}")
+            raise UnsupportedOperation(f"triage does not bound multi-head attention with {name}")
     if p["add_zero_attn"]:
-        raise bd.UnsupportedOperation(
+        raise UnsupportedOperation(
             "triage does not bound multi-head attention with add_zero_attn=True")
     if p["training"] and float(p["dropout_p"]) > 0:
         raise _dropout_error("multi-head attention's dropout")
     q, k, v = (get(p[n]) for n in ("query", "key", "value"))
     batched = q.ndim == 3
     if not batched:
-        q, k, v = (bd._mk(z.lo[:, None], z.hi[:, None]) for z in (q, k, v))
+        q, k, v = (mk(z.lo[:, None], z.hi[:, None]) for z in (q, k, v))
     L, N, E = q.shape
     S, h = k.shape[0], int(p["num_heads"])
     hd = E // h
-    bias = get(p["in_proj_bias"]) if bd._is_t(p["in_proj_bias"]) else None
+    bias = get(p["in_proj_bias"]) if is_tensor(p["in_proj_bias"]) else None
     if p["use_separate_proj_weight"]:
-        q, k, v = (products.mm(x, bd.lazy(get, p[f"{n}_proj_weight"]),
+        q, k, v = (products.mm(x, lazy(get, p[f"{n}_proj_weight"]),
                        None if bias is None else bias[i * E:(i + 1) * E], fmt, b_t=True)
                    for i, (x, n) in enumerate(zip((q, k, v), "qkv", strict=True)))
     else:
-        w = bd.lazy(get, p["in_proj_weight"])
+        w = lazy(get, p["in_proj_weight"])
         q, k, v = (_project(x, w, bias, slice(i * E, (i + 1) * E), fmt)
                    for i, x in enumerate((q, k, v)))
 
     def heads(z, n):  # (n, N, E) -> (N h, n, hd)
-        return bd._mk(*(t.reshape(n, N * h, hd).swapaxes(0, 1) for t in (z.lo, z.hi)))
+        return mk(*(t.reshape(n, N * h, hd).swapaxes(0, 1) for t in (z.lo, z.hi)))
     q, k, v = heads(q, L), heads(k, S), heads(v, S)
     mask = _mha_mask(p, get, N, h, L, S, fmt)
     causal = bool(p["is_causal"])
@@ -291,24 +309,24 @@ def _r_mha(rec, get, fmt):
     else:  # scaled_dot_product_attention on (N, h, n, hd), the mask as (N, h, L, S) or (1, 1, L, S)
         if mask is not None:
             shape = (1, 1, *mask.shape[1:]) if mask.shape[0] == 1 else (N, h, *mask.shape[1:])
-            mask = bd._mk(mask.lo.reshape(shape), mask.hi.reshape(shape))
-        o4 = attention_bound(*(bd._mk(z.lo.reshape(N, h, -1, hd), z.hi.reshape(N, h, -1, hd))
+            mask = mk(mask.lo.reshape(shape), mask.hi.reshape(shape))
+        o4 = attention_bound(*(mk(z.lo.reshape(N, h, -1, hd), z.hi.reshape(N, h, -1, hd))
                                for z in (q, k, v)), mask, get, causal, None, fmt,
                              p["query"].device.type == "cpu")
-        o = bd._mk(o4.lo.reshape(N * h, L, hd), o4.hi.reshape(N * h, L, hd))
-    o = bd._mk(*(t.swapaxes(0, 1).reshape(L, N, E) for t in (o.lo, o.hi)))
+        o = mk(o4.lo.reshape(N * h, L, hd), o4.hi.reshape(N * h, L, hd))
+    o = mk(*(t.swapaxes(0, 1).reshape(L, N, E) for t in (o.lo, o.hi)))
     ob = p["out_proj_bias"]
-    out = products.mm(o, bd.lazy(get, p["out_proj_weight"]), get(ob) if bd._is_t(ob) else None, fmt,
-                 b_t=True)
+    out = products.mm(o, lazy(get, p["out_proj_weight"]), get(ob) if is_tensor(ob) else None,
+                      fmt, b_t=True)
     if not batched:
-        out = bd._mk(out.lo[:, 0], out.hi[:, 0])
+        out = mk(out.lo[:, 0], out.hi[:, 0])
     if not p["need_weights"]:
         return [out]
-    w4 = bd._mk(w8.lo.reshape(N, h, L, S), w8.hi.reshape(N, h, L, S))
+    w4 = mk(w8.lo.reshape(N, h, L, S), w8.hi.reshape(N, h, L, S))
     if p["average_attn_weights"]:
         w4 = sum_rule(w4, 1, False, fmt, mean=True)
     if not batched:
-        w4 = bd._mk(w4.lo[0], w4.hi[0])
+        w4 = mk(w4.lo[0], w4.hi[0])
     return [out, w4]
 
 
@@ -316,8 +334,8 @@ def _r_dropout(what: str):
     train = "alpha" not in what  # F.alpha_dropout, F.feature_alpha_dropout: training=False
 
     def rule(rec, get, fmt):
-        prob = float(bd._arg(rec.args, rec.kwargs, 1, "p", 0.5))
-        if bool(bd._arg(rec.args, rec.kwargs, 2, "training", train)) and prob > 0:
+        prob = float(arg(rec.args, rec.kwargs, 1, "p", 0.5))
+        if bool(arg(rec.args, rec.kwargs, 2, "training", train)) and prob > 0:
             raise _dropout_error(what)
         return [get(rec.args[0])]
     return rule

@@ -1,7 +1,7 @@
-"""Compiled (numba) passes for whole interval rules of `triage`: the operands and the closing
+"""Compiled (numba) passes for whole torch-operation rules: the operands and the closing
 of matrix products (`products.mm`), layer / RMS norm rows, softmax rows around NumPy's
 exponentials, scaled attention scores, and unary functions after their float64 evaluation,
-each before the rule's `_finish` (widening by ulps and rounding into the format). Each gives
+each before the rule's `finish` (widening by ulps and rounding into the format). Each gives
 the float64 values of the NumPy steps it replaces, bit for bit (the same IEEE operations in the
 same order, no fast-math except where a sum may take any order; tests/test_diagnose_kernels.py
 checks them against those steps), built from `fused`'s one-number steps. numba's on-disk cache
@@ -27,8 +27,8 @@ def _outward1(lo, hi):
 
 @numba.njit(error_model="numpy")
 def _mul1(alo, ahi, blo, bhi):
-    """`_mul_iv` of one pair: the four corner products stepped outward; a NaN product (0 inf)
-    gives the whole line."""
+    """The product of `rules` (`_mul_iv`) of one pair: the four corner products stepped outward;
+    a NaN product (0 inf) gives the whole line."""
     c1, c2, c3, c4 = alo * blo, alo * bhi, ahi * blo, ahi * bhi
     a, b = F.nxt(min(min(c1, c2), min(c3, c4)), -1.0), F.nxt(max(max(c1, c2), max(c3, c4)), 1.0)
     nan = c1 != c1 or c2 != c2 or c3 != c3 or c4 != c4
@@ -38,8 +38,8 @@ def _mul1(alo, ahi, blo, bhi):
 @numba.njit(cache=True, error_model="numpy")
 def unary_ends(lo, hi, fa, fb, kind, xmin, fminv, rel, tiny, absc, out_lo, out_hi):
     """A unary function's bound over [lo, hi] from fa = f(lo), fb = f(hi) (float64, NaN
-    possible), before `_finish`: the steps of `bound_ops._mono` (kind 0: increasing, 1:
-    decreasing) or of a unimodal f (kind 2: fminv where xmin is inside), then `_widen_abs` by
+    possible), before `finish`: the steps of `_mono` in `rules` (kind 0: increasing, 1:
+    decreasing) or of a unimodal f (kind 2: fminv where xmin is inside), then `widen_abs` by
     absc max|x| (absc > 0)."""
     for i in range(lo.size):
         u, v = fa[i], fb[i]
@@ -62,7 +62,8 @@ def unary_ends(lo, hi, fa, fb, kind, xmin, fminv, rel, tiny, absc, out_lo, out_h
 
 @numba.njit(cache=True, error_model="numpy")
 def scaled(lo, hi, c_lo, c_hi, out_lo, out_hi):
-    """[lo, hi] times [c_lo, c_hi] (`_mul_iv`: the four corner products stepped outward)."""
+    """[lo, hi] times [c_lo, c_hi] (as `_mul_iv` in `rules`: the four corner products stepped
+    outward)."""
     for i in range(lo.size):
         out_lo[i], out_hi[i] = _mul1(lo[i], hi[i], c_lo, c_hi)
 
@@ -85,7 +86,7 @@ def mm_operand(lo, hi, nb, nr, nc, by_rows, mbits, emin, top, q, c_rad, c_rows, 
                rows):
     """An operand of `products.mm`'s float32 path, nb blocks of nr x nc: [lo, hi] rounded
     outward into the format (`F.outward`), mid = lo/2 + hi/2 and rad = max(hi - mid, mid - lo)
-    c_rad (`_midrad_np`); stack = |mid| over rad (by_rows: blocks of 2 nr x nc) or beside it
+    c_rad (`products.midrad`); stack = |mid| over rad (by_rows: blocks of 2 nr x nc) or beside it
     (nr x 2 nc), each rounded up into float32 (`upper_product`); by_rows: rows = (sum |mid| +
     sum rad) c_rows per row (`leaf_products`, `F.rowsum`). Returns max(stack), NaN if any."""
     a, b = lo.copy(), hi.copy()
@@ -156,10 +157,10 @@ def mm_close(pm, prod, nb, nm, nn, leaf, rows, rho, tau, c_up, c_add, orel, ncol
 @numba.njit(cache=True, error_model="numpy")
 def norm_rows(lo, hi, nrow, n, rms, eps_lo, eps_hi, has_w, wlo, whi, has_b, blo, bhi, g, u, uf,
               limit, mbits, emin, top, q, out_lo, out_hi):
-    """`rows._norm_rule` per row of n entries (layer norm, or RMS norm when rms), its float64
-    steps in the same order (sums by `F.rowsum`); a row holding an infinite end, or whose
-    squares may overflow (4 n max|x|^2 >= limit), the whole line; rounded outward into the
-    format when mbits >= 0."""
+    """The norm rule of `rows` (`_norm_rule`) per row of n entries (layer norm, or RMS norm when
+    rms), its float64 steps in the same order (sums by `F.rowsum`); a row holding an infinite
+    end, or whose squares may overflow (4 n max|x|^2 >= limit), the whole line; rounded outward
+    into the format when mbits >= 0."""
     d_lo, d_hi = np.empty(n), np.empty(n)
     t = np.empty(4 * n)  # rows of terms to sum
     sums = np.empty(4)

@@ -1,9 +1,10 @@
-"""Compiled (numba) twins of `bound_ops`' elementwise chains: one pass over the arrays where the
-NumPy path makes a dozen calls, each giving the NumPy path's float64 values bit for bit (the same
-IEEE operations in the same order, no fast-math; tests/test_diagnose_fused.py checks them on edge
-and random values), and the primitives `kernels` builds whole rules from: steps on one number
-(one float64 step toward an infinity, widening by ulps, directed rounding into a format, by
-their bit patterns), passes over arrays (outward rounding), NumPy's pairwise sum.
+"""Compiled (numba) twins of the elementwise chains of `arith` and `rules`: one pass over the
+arrays where the NumPy path makes a dozen calls, each giving the NumPy path's float64 values
+bit for bit (the same IEEE operations in the same order, no fast-math;
+tests/test_diagnose_fused.py checks them on edge and random values), and the primitives
+`kernels` builds whole rules from: steps on one number (one float64 step toward an infinity,
+widening by ulps, directed rounding into a format, by their bit patterns), passes over arrays
+(outward rounding), NumPy's pairwise sum.
 Loops call the one-number steps with the format's branch taken outside them, so that they
 vectorise and each kernel compiles small. Kernels take C-contiguous 1-D arrays and compile on
 first use, one signature each, into numba's on-disk cache (cache=True)."""
@@ -18,8 +19,8 @@ _INF = np.inf
 
 @numba.njit(error_model="numpy")
 def nxt(x, sign):
-    """nextafter(x, sign inf) of one float64, infinities and NaN kept (as `_step`): +-0 to
-    +-5e-324, a finite value one step of its sign-magnitude pattern."""
+    """nextafter(x, sign inf) of one float64, infinities and NaN kept (as `arith.down` and
+    `arith.up`): +-0 to +-5e-324, a finite value one step of its sign-magnitude pattern."""
     b = np.float64(x).view(np.int64)
     tiny = np.int64(1) if sign > 0 else np.int64(-9223372036854775807)
     moved = tiny if x == 0 else b + (np.int64(1) if (x > 0) == (sign > 0) else np.int64(-1))
@@ -29,7 +30,7 @@ def nxt(x, sign):
 
 @numba.njit(cache=True, error_model="numpy")
 def step(a, sign, out):
-    """out = `_step`(a, sign) elementwise."""
+    """out = nextafter(a, sign inf) elementwise (`arith.down`, `arith.up`)."""
     for i in range(a.size):
         out[i] = nxt(a[i], sign)
 
@@ -45,7 +46,8 @@ def widen1(a, sign, ulps, eps, q):
 
 @numba.njit(cache=True, error_model="numpy")
 def widen_rel(lo, hi, ulps, eps, q, nmin, out_lo, out_hi):
-    """`_widen_rel` then, for nmin > 0, `_ftz` (ends in (0, nmin) to 0); whether all lo <= hi."""
+    """`arith.widen_rel` then, for nmin > 0, the flush that `arith.finish` takes (ends in
+    (0, nmin) to 0); whether all lo <= hi."""
     bad = 0
     for i in range(lo.size):
         x, y = widen1(lo[i], -1.0, ulps, eps, q), widen1(hi[i], 1.0, ulps, eps, q)
@@ -60,7 +62,8 @@ def widen_rel(lo, hi, ulps, eps, q, nmin, out_lo, out_hi):
 @numba.njit(cache=True, error_model="numpy")
 def close_tail(pm, pr, s, ncol, bias, blo, bhi, g64, c1, c2, c3, uf, qf, grow_f, limit_f,
                grow_acc, limit_acc, out_lo, out_hi):
-    """`_close_numpy`'s pm -+ rad outward, then infinite bias entries, then overflow, per entry."""
+    """`products.close_products`' pm -+ rad outward (its NumPy path), then infinite bias entries,
+    then overflow, per entry."""
     close(pm, pr, s, ncol, bias, blo, bhi, g64, c1, c2, c3, uf, qf, grow_f, limit_f,
           grow_acc, limit_acc, out_lo, out_hi)
 
@@ -69,7 +72,7 @@ def close_tail(pm, pr, s, ncol, bias, blo, bhi, g64, c1, c2, c3, uf, qf, grow_f,
 def close(pm, pr, s, ncol, bias, blo, bhi, g64, c1, c2, c3, uf, qf, grow_f, limit_f,
           grow_acc, limit_acc, out_lo, out_hi):
     """`close_tail`'s body (shared with `mm_close`); the bias [blo, bhi] (one entry per column)
-    in midpoint-radius form as `_midrad_np`, an infinite point entry as 0 +- 0."""
+    in midpoint-radius form as `products.midrad`, an infinite point entry as 0 +- 0."""
     bmid, brad = np.zeros(ncol), np.zeros(ncol)
     if bias:
         for j in range(ncol):
@@ -167,8 +170,8 @@ def outward(lo, hi, mbits, emin, top, q):
 
 @numba.njit(cache=True, error_model="numpy")
 def round_out(lo, hi, mbits, emin, top, q, out_lo, out_hi):
-    """[RD(lo), RU(hi)] elementwise into the format (`outward`), as `_directed`; whether every
-    out_lo <= out_hi."""
+    """[RD(lo), RU(hi)] elementwise into the format (`outward`), as `intervals.outward.round_out`;
+    whether every out_lo <= out_hi."""
     for i in range(lo.size):
         out_lo[i], out_hi[i] = lo[i], hi[i]
     return outward(out_lo, out_hi, mbits, emin, top, q)
@@ -176,9 +179,9 @@ def round_out(lo, hi, mbits, emin, top, q, out_lo, out_hi):
 
 @numba.njit(cache=True, error_model="numpy")
 def add_out(alo, ahi, blo, bhi, minus, mbits, emin, top, q, out_lo, out_hi):
-    """`bound_ops._add_finite` (a + b, or a - b when minus) then rounded outward into the format
-    (mbits < 0: float64, not rounded): 1 when every lo <= hi, 0 when not, -1 (nothing
-    usable written) when an end is not finite."""
+    """The sum of finite ends of `rules` (`_add_finite`: a + b, or a - b when minus) then rounded
+    outward into the format (mbits < 0: float64, not rounded): 1 when every lo <= hi, 0 when
+    not, -1 (nothing usable written) when an end is not finite."""
     for i in range(alo.size):
         x, y = (-bhi[i], -blo[i]) if minus else (blo[i], bhi[i])
         if alo[i] - alo[i] != 0 or ahi[i] - ahi[i] != 0 or x - x != 0 or y - y != 0:

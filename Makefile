@@ -17,8 +17,9 @@ SCALAR := ATEN_CPU_CAPABILITY=default
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
 
-test: lint  ## ruff and the nbval-tag check, then unit and notebook tests (nbval)
+test: lint  ## ruff and the nbval-tag check, unit and notebook tests (nbval), docstring examples
 	$(PYTEST) $(PARALLEL) $(PYTEST_ARGS)
+	$(PYTEST) -p no:cacheprovider --doctest-modules src/precisionlab -q
 
 lint:  ## ruff (package, tests, scripts, benchmarks, notebooks) and nbval marker comments
 	$(PYTHON) -m ruff check .
@@ -36,8 +37,9 @@ book:  ## build the HTML book into _build/html, warnings as errors
 browser:  ## the built book in headless Chromium with the network blocked
 	$(PYTEST) -p no:cacheprovider -m browser tests/test_browser.py
 
+# the two run side by side (-n 2): one installs while the other runs its notebooks
 versions:  ## both ends of pyproject's ranges, each in a fresh venv: minimum (Colab path), newest
-	$(PYTEST) -p no:cacheprovider -m "colab or newest" tests/test_colab_path.py \
+	$(PYTEST) -p no:cacheprovider -n 2 -m "colab or newest" tests/test_colab_path.py \
 	    tests/test_newest_versions.py
 
 # The lock: requirements.txt from requirements.in (pyproject.toml's ranges, torch pinned) for

@@ -10,7 +10,9 @@ file: URL blocked, in reading order (the "next" links from the root page). Once 
 scripts have run (MathJax typeset, each interactive control showing its default view),
 the page's article is taken out, with its figures; hidden code-cell sources are dropped
 (their outputs stay) and every exercise solution is moved, unfolded, to a "Solutions"
-part at the end, where the exercise refers to it. The articles are joined into one HTML
+part at the end, where the exercise refers to it. Pages for the screen only (the API
+reference, some 40 A4 pages of signatures) are followed for their "next" link but left out
+of the handout (SCREEN_ONLY). The articles are joined into one HTML
 document (`handout.html` beside the PDF), which Chromium prints on A4 with page numbers
 and PDF bookmarks. A copy goes into the HTML book as `handout.pdf` (unless
 --no-site-copy), so a published book offers it. The script prints the page count and
@@ -202,8 +204,13 @@ def repair_bookmarks(pdf: Path, headings: list[str]) -> int | None:
     return len(items)
 
 
+# pages of the HTML book that the printed handout leaves out, by path under the build folder
+SCREEN_ONLY = ("book/api.html",)
+
+
 def collect_pages(browser, html_dir: Path, timeout_s: float = 120) -> list[dict]:
-    """Every page of the book in reading order, prepared by PREPARE_PAGE."""
+    """Every page of the book in reading order, prepared by PREPARE_PAGE (SCREEN_ONLY pages
+    left out)."""
     root = html_dir.resolve().as_uri() + "/"
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(
@@ -214,7 +221,8 @@ def collect_pages(browser, html_dir: Path, timeout_s: float = 120) -> list[dict]
         seen.add(url.split("#")[0])
         page.goto(url, wait_until="load", timeout=timeout_s * 1000)
         got = page.evaluate(PREPARE_PAGE, root)
-        pages.append(got)
+        if not url.split("#")[0].removeprefix(root).endswith(SCREEN_ONLY):
+            pages.append(got)
         url = got["next"]
     context.close()
     return pages

@@ -66,18 +66,23 @@ CHAPTER = f"""<p>{EXERCISE.split()[0]} chapter text.</p>
 
 @pytest.fixture(scope="module")
 def tiny_book(tmp_path_factory) -> Path:
-    """A two-page HTML book in the layout of a Jupyter Book 1 build."""
+    """A two-page HTML book in the layout of a Jupyter Book 1 build, with a screen-only API
+    page between the two that the handout leaves out."""
     html = tmp_path_factory.mktemp("tiny-book") / "html"
     (html / "_static").mkdir(parents=True)
     (html / "_images").mkdir()
     (html / "chapters").mkdir()
+    (html / "book").mkdir()
     (html / "_static" / "book.css").write_text(".bd-sidebar { color: #333; }")
     (html / "_images" / "figure.png").write_bytes(_png())
     (html / "index.html").write_text(
         '<meta http-equiv="Refresh" content="0; url=intro.html" />', encoding="utf-8")
     (html / "intro.html").write_text(PAGE.format(
         title="Welcome page", up="", body="<p>Read the chapters in order.</p>",
-        next='<a class="right-next" href="chapters/one.html">next</a>'), encoding="utf-8")
+        next='<a class="right-next" href="book/api.html">next</a>'), encoding="utf-8")
+    (html / "book" / "api.html").write_text(PAGE.format(
+        title="API reference", up="../", body="<p>round_to(x, fmt) signatures</p>",
+        next='<a class="right-next" href="../chapters/one.html">next</a>'), encoding="utf-8")
     (html / "chapters" / "one.html").write_text(PAGE.format(
         title="1. First chapter", up="../", body=CHAPTER, next=""), encoding="utf-8")
     return html
@@ -108,6 +113,7 @@ def test_handout_from_a_tiny_book(tiny_book, script, tmp_path):
     joined = "\n".join(texts)
     assert "version 9.8.7" in texts[0]
     assert HIDDEN not in joined and "Navigation that is not printed" not in joined
+    assert "signatures" not in joined  # the API page is for the screen (SCREEN_ONLY)
     assert "an output that stays" in joined
     exercise_page = next(i for i, t in enumerate(texts) if EXERCISE in t)
     solution_page = next(i for i, t in enumerate(texts) if SOLUTION in t)

@@ -130,7 +130,10 @@ def test_nearest_even_matches_ml_dtypes_on_a_million_values(inputs, backend):
                 round_to(x, name, backend=backend)
             return
     elif name == "float8_e4m3fn" and backend == "native":
-        # torch >= 2.12 saturates e4m3fn; ml_dtypes gives NaN. Compare with the value table.
+        # torch >= 2.13 saturates e4m3fn; ml_dtypes gives NaN. Compare with the value table.
+        if torch.__version__ < (2, 13):
+            pytest.skip(f"torch {torch.__version__} casts e4m3fn overflow to NaN (2.3 to 2.12 "
+                        "measured): the native backend has no saturating cast to compare")
         want = table_round(x, name, "nearest_even", saturate=True)
     else:
         want = x.astype(ML_DTYPES[name]).astype(np.float32)  # ml_dtypes: e4m3fn overflow -> NaN
@@ -159,7 +162,7 @@ def test_native_backend_against_exact_rationals(name):
     """The native backend calls torch's cast: check it against the rational definition instead."""
     x = random_inputs(name, 5000, seed=22)
     x = x[np.isfinite(x)]
-    sat = name == "float8_e4m3fn"  # torch >= 2.12 saturates; older torch has no native e4m3fn
+    sat = name == "float8_e4m3fn"  # torch >= 2.13 saturates; older torch has no native e4m3fn
     try:
         got = round_to(x, name, saturate=sat, backend="native")
     except ValueError:
@@ -234,8 +237,9 @@ def test_round_to_rounds_float64_once_whatever_the_library_casts_do():
     by_ml_dtypes = float(np.float64(v).astype(ml_dtypes.bfloat16))
     assert by_torch in (once, twice) and by_ml_dtypes in (once, twice)
     ml_version = tuple(int(p) for p in ml_dtypes.__version__.split(".")[:2])
-    assert by_ml_dtypes == (once if ml_version >= (0, 7) else twice)  # 0.7.0 rounds once
-    if (2, 13) <= torch.__version__ < (2, 14):  # measured: torch 2.13 casts through float32
+    if ml_version < (0, 8):  # measured: 0.4 to 0.6 round twice, 0.7.0 rounds once
+        assert by_ml_dtypes == (once if ml_version >= (0, 7) else twice)
+    if (2, 3) <= torch.__version__ < (2, 16):  # measured: torch 2.3 to 2.15 cast through float32
         assert by_torch == twice
 
 

@@ -7,8 +7,10 @@ a folder whose ``__init__`` re-exports its public names and lists its files. Fro
 floor up; a module imports only from floors below its own:
 
 1. ``checks`` -- argument checks; each error names the parameter, the bad value and the
-   valid choices. ``formats`` -- ``FloatFormat``, the registry (float64 ... float4_e2m1fn)
-   and the one table of short names (``ALIASES``, ``short_name``).
+   valid choices. ``formats`` -- ``FloatFormat``, the registry (float64 ... float4_e2m1fn),
+   the one table of short names (``ALIASES``, ``short_name``) and which format's values
+   contain another's (``contains``). ``exact`` -- exact float64 arithmetic: ``as_float64``,
+   TwoSum and TwoProduct.
 2. ``rounding`` -- fl(x) into a format in six modes (``round_to``), ``ulp``,
    ``next_up``/``next_down``, bit fields, and the one rounding-mode check. ``tables`` --
    the chapters' table printer and the format table.

@@ -11,17 +11,66 @@ no subnormals, one NaN pattern). Both lists name entries of the one registry `FO
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ALIASES", "FORMATS", "FORMAT_NAMES", "MX_FORMAT_NAMES", "FloatFormat", "get_format",
-           "short_name"]
+__all__ = ["ALIASES", "FORMATS", "FORMAT_NAMES", "MX_FORMAT_NAMES", "FloatFormat", "contains",
+           "get_format", "short_name"]
 
 
 @dataclass(frozen=True)
 class FloatFormat:
-    """A binary format: value = (-1)^s · 2^(E - bias) · 1.f for 0 < E, and 2^(1 - bias) · 0.f for E = 0."""
+    """A binary format: value = (-1)^s · 2^(E - bias) · 1.f for 0 < E, and 2^(1 - bias) · 0.f for E = 0.
+
+    Look formats up with `get_format` rather than building one: the registry `FORMATS`
+    holds every format the package rounds into, each constant an exact hex float.
+
+    Attributes
+    ----------
+    name : str
+        The registry name: "float64", "float32", "tf32", "float16", "bfloat16",
+        "float8_e4m3fn", "float8_e5m2", "float6_e3m2fn", "float6_e2m3fn", "float4_e2m1fn"
+        or "float8_e8m0fnu".
+    exponent_bits : int
+        Bits of the stored exponent field E.
+    mantissa_bits : int
+        Stored fraction bits m; the precision is p = m + 1.
+    bias : int
+        The exponent bias: a normal value is 2^(E - bias) · 1.f.
+    has_inf : bool
+        Whether the format has infinities (False for float8_e4m3fn, the MX formats and
+        float8_e8m0fnu: overflow gives NaN or saturates instead).
+    max_finite : float
+        The largest finite value M.
+    min_normal : float
+        The smallest positive normal value n = 2^emin.
+    min_subnormal : float
+        The smallest positive subnormal value q (min_normal for formats without
+        subnormals).
+    eps : float
+        2^-m, the gap between 1 and the next larger value.
+    description : str
+        One line on where the format comes from.
+    has_nan : bool, default True
+        False for the MX element formats float4/float6: every bit pattern is a number.
+    signed : bool, default True
+        False for float8_e8m0fnu: 2^(E - 127) for E < 255, no sign bit, no zero.
+
+    Examples
+    --------
+    >>> from precisionlab.formats import get_format
+    >>> bf16 = get_format("bfloat16")
+    >>> bf16.exponent_bits, bf16.mantissa_bits, bf16.precision, bf16.bias
+    (8, 7, 8, 127)
+    >>> bf16.total_bits, bf16.eps, bf16.unit_roundoff
+    (16, 0.0078125, 0.00390625)
+    >>> bf16.max_finite == float.fromhex("0x1.fep+127")
+    True
+    >>> get_format("float16").emin, get_format("float16").emax
+    (-14, 15)
+    """
 
     name: str
     exponent_bits: int
@@ -143,7 +192,42 @@ ALIASES = {
 
 
 def get_format(fmt: str | FloatFormat | Any) -> FloatFormat:
-    """Look up a format by registry name, common alias (fp16, bf16, ...) or torch dtype."""
+    """Look up a format by registry name, common alias (fp16, bf16, ...) or torch dtype.
+
+    Parameters
+    ----------
+    fmt : str or FloatFormat or torch.dtype
+        A registry name ("float64", "float32", "tf32", "float16", "bfloat16",
+        "float8_e4m3fn", "float8_e5m2", "float6_e3m2fn", "float6_e2m3fn", "float4_e2m1fn",
+        "float8_e8m0fnu"), an alias from `ALIASES` ("fp16", "half", "bf16", "e4m3", ...;
+        names are not case-sensitive), a torch dtype of one of these formats, or a
+        FloatFormat (returned as it is).
+
+    Returns
+    -------
+    FloatFormat
+        The registry's format of that name.
+
+    Raises
+    ------
+    ValueError
+        If fmt names no format; the message lists the registry names and the aliases.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from precisionlab.formats import get_format
+    >>> get_format("bf16").name, get_format("HALF").name
+    ('bfloat16', 'float16')
+    >>> get_format(torch.float8_e5m2).name
+    'float8_e5m2'
+    >>> get_format("float16").max_finite
+    65504.0
+    >>> get_format("fp12")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown float format 'fp12'; valid choices: float64, float32, ...
+    """
     if isinstance(fmt, FloatFormat):
         return fmt
     name = fmt
@@ -161,6 +245,47 @@ def get_format(fmt: str | FloatFormat | Any) -> FloatFormat:
 
 
 def short_name(fmt) -> str:
-    """The first alias of a format in ALIASES (fp32, bf16, fp16, ...), else its registry name."""
+    """The first alias of a format in ALIASES (fp32, bf16, fp16, ...), else its registry name.
+
+    Parameters
+    ----------
+    fmt : str or FloatFormat or torch.dtype
+        Anything `get_format` accepts.
+
+    Returns
+    -------
+    str
+        The short name, as the chapters' tables print it.
+
+    Raises
+    ------
+    ValueError
+        If fmt names no format.
+
+    Examples
+    --------
+    >>> from precisionlab.formats import short_name
+    >>> short_name("bfloat16"), short_name("float8_e4m3fn")
+    ('bf16', 'fp8_e4m3')
+    >>> short_name("tf32")  # no alias: the registry name
+    'tf32'
+    """
     name = get_format(fmt).name
     return next((k for k, v in ALIASES.items() if v == name), name)
+
+
+def contains(wide, narrow) -> bool:
+    """Whether every value of format `narrow` is a value of format `wide` (so a cast from narrow
+    to wide is exact): float32 contains bfloat16 and float16, which contain neither each other
+    nor float32. Each format contains itself."""
+    return _contains(get_format(wide).name, get_format(narrow).name)
+
+
+@functools.cache
+def _contains(wide: str, narrow: str) -> bool:
+    w, n = FORMATS[wide], FORMATS[narrow]
+    # a grid at least as fine in every binade (more fraction bits, a smaller or equal smallest
+    # step), reaching at least as far, with the signs and the special values narrow has
+    return (n.mantissa_bits <= w.mantissa_bits and n.min_subnormal >= w.min_subnormal
+            and n.max_finite <= w.max_finite and (w.signed or not n.signed)
+            and (w.has_inf or not n.has_inf) and (w.has_nan or not n.has_nan))

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from . import emulate
-from .checks import check_positive
+from .checks import check_count, check_positive
 from .formats import get_format
 from .quantize import DelayedScaling, Quantized
 from .quantize.choices import ELEMENT_FORMATS, check_format
@@ -163,9 +163,8 @@ def outlier_activations(tokens: int = 64, channels: int = 256, outlier: float = 
                         where: Sequence[int] = OUTLIER_CHANNELS, *, seed: int = 0) -> torch.Tensor:
     """x_tc ~ N(0, 1), multiplied by `outlier` in the channels `where`; float32, (tokens, channels)."""
     s = check_positive(outlier, "outlier")
-    for name, n in (("tokens", tokens), ("channels", channels)):
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-            raise ValueError(f"{name} must be an integer >= 1; got {name}={n!r}")
+    check_count(tokens, "tokens")
+    check_count(channels, "channels")
     idx = _channels(where, channels)
     x = emulate.randn(tokens, channels, generator=torch.Generator().manual_seed(int(seed)),
                       dtype=torch.float64)
@@ -232,8 +231,7 @@ def train_quantized(x: torch.Tensor, y: torch.Tensor, x_quantizer: Quantizer | N
                     grad_quantizer: Quantizer | None = None, *, steps: int = 120,
                     lr: float = 1e-2, w_quantizer: Quantizer | None = None) -> QuantizedRun:
     """Adam on L = mean((Q(x) W^T - y)^2), W_0 = 0, Q(x) computed once (a stateful Q runs once): L_t / mean(y^2) per step."""
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1; got steps={steps!r}")
+    check_count(steps, "steps")
     # x is the same every step, so Q(x) is computed once, before the first step (a stateful
     # quantizer such as DelayedScaling is called once, with the scale it holds then).
     xq = x if x_quantizer is None else emulate.quantize_input(x, x_quantizer)
@@ -255,8 +253,7 @@ def spike_stream(steps: int = 120, spike_at: int = 100, spike: float = 30.0,
                  shape: tuple[int, ...] = (32, 32), decay: float = 0.5, *,
                  seed: int = 0) -> torch.Tensor:
     """g_t = sigma_t z_t, z_t ~ N(0, 1): sigma_t falls geometrically from 1 to `decay`, times `spike` at step spike_at."""
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 2:
-        raise ValueError(f"steps must be an integer >= 2; got steps={steps!r}")
+    check_count(steps, "steps", 2)
     if isinstance(spike_at, bool) or not (isinstance(spike_at, numbers.Integral)
                                           and 0 <= spike_at < steps):
         raise ValueError(f"spike_at must be a step in [0, {steps - 1}]; got spike_at={spike_at!r}")

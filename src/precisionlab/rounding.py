@@ -4,7 +4,7 @@ Two back ends give bit-identical answers:
 
 * **native** — where a library already casts exactly (round-to-nearest-even from float32
   into float16, bfloat16 and float8_e5m2 with torch, and into float8_e4m3fn with the
-  overflow rule this torch has: saturating from torch 2.12, NaN before; float64 into
+  overflow rule this torch has: saturating from torch 2.13, NaN before; float64 into
   float32 with NumPy), casting there and back.
 * **emulated** — integer arithmetic on the bit patterns: add a mode-dependent increment
   below the kept bits, then clear them. Carries ripple into the exponent on their own, which
@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from .checks import check_choice
+from .exact import as_float64
 from .formats import FORMATS, FloatFormat, get_format
 
 __all__ = [
@@ -369,7 +370,8 @@ _AUTO_NATIVE = frozenset({"float16", "float32"})
 @functools.cache
 def _torch_e4m3fn_saturates() -> bool | None:
     """True if torch's float32 -> float8_e4m3fn cast takes overflow and inf to +-448; False: NaN."""
-    # torch 2.12 made the cast saturate; earlier versions give NaN there, as ml_dtypes does.
+    # torch 2.13 made the cast saturate (2.13 to 2.15 measured); 2.3 to 2.12 give NaN there,
+    # as ml_dtypes does.
     # 67 values: long enough for the vectorised kernel, with a scalar tail.
     x = torch.tensor([464.0, 465.0, 1e6, float("inf"), -float("inf")] * 13 + [448.0, -500.0])
     y = x.to(torch.float8_e4m3fn).float()
@@ -392,7 +394,7 @@ def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
         return None
     # torch (2.3 to 2.13) takes overflow to inf in the formats that have one, as IEEE 754
     # conversion does (tests/test_rounding.py checks the native casts against fractions); its
-    # e4m3fn overflow rule changed in 2.12 and is probed.
+    # e4m3fn overflow rule changed in 2.13 and is probed.
     torch_saturates = _torch_e4m3fn_saturates() if fmt.name == "float8_e4m3fn" else False
     if torch_saturates is None or torch_saturates != bool(saturate):
         return None
@@ -462,15 +464,16 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
     mode: nearest_even (IEEE default), nearest_away (NVIDIA's fp32->tf32 conversion),
     toward_zero, up (toward +inf), down (toward -inf), stochastic (up with probability equal
     to the distance from the value below, in ulps; needs `generator`, whose stream it continues).
-    saturate: overflow and inf go to +-max_finite instead. torch 2.12 and later cast
-    finite overflow to float8_e4m3fn this way, torch 2.13 inf as well; ml_dtypes (0.4 to
-    0.7.0) and older torch give NaN, this function's default.
+    saturate: overflow and inf go to +-max_finite instead. torch 2.13 and later (2.13 to
+    2.15 measured) cast finite overflow and inf to float8_e4m3fn this way; ml_dtypes (0.4 to
+    0.7.0) and torch 2.3 to 2.12 give NaN, this function's default.
     Directed modes rounding toward zero always stop at +-max_finite, as IEEE 754 prescribes.
-    MX formats (OCP MX v1.0; ml_dtypes >= 0.5, which has them, agrees bit for bit except where
-    noted): float4_e2m1fn and float6_* have neither inf nor NaN, so overflow and +-inf always
-    saturate to +-max_finite (the MX spec's clamp; `saturate` changes nothing); a NaN input
-    has no encoding and comes back NaN (ml_dtypes 0.5 to 0.7.0 return a zero). float8_e8m0fnu
-    holds 2^k, -127 <= k <= 127: nearest_even ties go up (a 0-bit mantissa's last kept bit
+    MX formats (OCP MX v1.0; ml_dtypes 0.5.1 and later agree bit for bit except where noted;
+    0.5.0, the first with them, rounds e8m0fnu ties to the even exponent code and does not
+    overflow to NaN: 0.75, 3 and 12 go to 0.5, 2 and 8, 1.5 * 2^127 to 2^127): float4_e2m1fn
+    and float6_* have neither inf nor NaN, so overflow and +-inf always saturate to
+    +-max_finite (the MX spec's clamp; `saturate` changes nothing); a NaN input has no
+    encoding and comes back NaN (ml_dtypes 0.5 to 0.7.0 return a zero). float8_e8m0fnu holds 2^k, -127 <= k <= 127: nearest_even ties go up (a 0-bit mantissa's last kept bit
     is the implicit 1), values below 2^-127 go to 2^-127 in every mode (no zero), overflow
     and +inf give NaN (0xFF) unless `saturate` (then 2^127), and 0, negatives and NaN give
     NaN, as ml_dtypes does (torch 2.13's e8m0fnu cast gives 2^-127 for 0 and drops the sign).
@@ -484,6 +487,66 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
     raises where none is exact; "emulated" always runs the kernel. All agree bit for bit.
     out: a contiguous float32/float64 NumPy array of x's shape and dtype to write into (saves
     allocating, and first touching, a fresh result array on every call).
+
+    Parameters
+    ----------
+    x : float or int or numpy.ndarray or torch.Tensor
+        The values to round: a Python number, a NumPy array (float16/32/64, bfloat16 or
+        float8 from ml_dtypes, or integers) or a floating-point torch tensor on any device.
+        float32 and float64 inputs keep their dtype; narrower floats are widened to float32
+        exactly.
+    fmt : str or FloatFormat or torch.dtype
+        The target format: anything `formats.get_format` accepts ("bfloat16", "fp16",
+        "float8_e4m3fn", "tf32", "float4_e2m1fn", torch.float16, ...).
+    mode : {"nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic"}, default "nearest_even"
+        The rounding mode (`MODES`).
+    generator : numpy.random.Generator or None, default None
+        Required for mode "stochastic" (np.random.default_rng(seed)); ignored otherwise.
+    saturate : bool, default False
+        Overflow and +-inf go to +-max_finite instead of inf (or NaN in float8_e4m3fn).
+    backend : {"auto", "native", "emulated"}, default "auto"
+        Which implementation runs; every backend gives the same bits.
+    out : numpy.ndarray or None, default None
+        For a NumPy input only: a C-contiguous array of x's shape and dtype to write into.
+
+    Returns
+    -------
+    float or numpy.ndarray or torch.Tensor
+        fl(x), of x's kind: a Python float for a number, an array of x's shape for an array
+        (float32 or float64), a tensor on x's device for a tensor. Every value is a value of
+        fmt, held in the wider dtype.
+
+    Raises
+    ------
+    ValueError
+        If fmt, mode or backend is unknown, mode is "stochastic" without a generator,
+        backend is "native" where no library cast is exact, or out does not fit x.
+    TypeError
+        If x is an integer tensor, or an array of a dtype that cannot be read.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.rounding import round_to
+    >>> round_to(0.1, "bfloat16")
+    0.10009765625
+    >>> round_to(0.1, "float16"), round_to(0.1, "bfloat16", "toward_zero")
+    (0.0999755859375, 0.099609375)
+    >>> round_to(1e6, "float16"), round_to(1e6, "float16", saturate=True)
+    (inf, 65504.0)
+    >>> round_to(500.0, "e4m3"), round_to(500.0, "e4m3", saturate=True)
+    (nan, 448.0)
+    >>> round_to(np.array([0.1, 0.2, 0.3], dtype=np.float32), "bf16").tolist()
+    [0.10009765625, 0.2001953125, 0.30078125]
+
+    Stochastic rounding of 1 + 2^-9, a quarter of the way from 1 to the next bfloat16 value
+    1.0078125: about one value in four rounds up, the same draws on every machine for one
+    seed.
+
+    >>> x = np.full(8, 1.0 + 2**-9)
+    >>> rng = np.random.default_rng(0)
+    >>> round_to(x, "bfloat16", "stochastic", rng).tolist()
+    [1.0078125, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     """
     fmt = get_format(fmt)
     code = _mode_code(mode)
@@ -522,14 +585,14 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
 
 
 def _as_float64(x):
-    """(float64 array, function returning a result in x's kind)."""
+    """(as_float64(x), function returning a result in x's kind)."""
     if isinstance(x, torch.Tensor):
         device = x.device
-        return (x.detach().cpu().to(torch.float64).numpy(),
+        return (as_float64(x),
                 lambda r: torch.from_numpy(np.asarray(r, dtype=np.float64)).to(device))
     if isinstance(x, (bool, int, float)):
-        return np.asarray(x, dtype=np.float64), float
-    return np.asarray(x).astype(np.float64), lambda r: r
+        return as_float64(x), float
+    return as_float64(x), lambda r: r
 
 
 def ulp(x, fmt):
@@ -537,6 +600,35 @@ def ulp(x, fmt):
 
     Returned as float64 (of x's kind); ulp(0) is the smallest subnormal, binades past emax
     use emax, ulp(+-inf) = inf and ulp(NaN) = NaN.
+
+    Parameters
+    ----------
+    x : float or numpy.ndarray or torch.Tensor
+        The values whose binade sets the gap; they need not be values of fmt.
+    fmt : str or FloatFormat or torch.dtype
+        The format, as `formats.get_format` accepts it.
+
+    Returns
+    -------
+    float or numpy.ndarray or torch.Tensor
+        ulp(x) in float64: a float for a Python number, an array for an array, a float64
+        tensor on x's device for a tensor.
+
+    Raises
+    ------
+    ValueError
+        If fmt names no format.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.rounding import ulp
+    >>> ulp(1.0, "bfloat16"), ulp(1.0, "float16")
+    (0.0078125, 0.0009765625)
+    >>> ulp(0.0, "float16") == 2.0**-24  # the smallest subnormal
+    True
+    >>> ulp(np.array([1.0, 3.0, 1e4]), "float16").tolist()
+    [0.0009765625, 0.001953125, 8.0]
     """
     fmt = get_format(fmt)
     a, restore = _as_float64(x)
@@ -548,7 +640,38 @@ def ulp(x, fmt):
 
 
 def next_up(x, fmt):
-    """The smallest value of fmt strictly greater than x (float64; inf or NaN past the top)."""
+    """The smallest value of fmt strictly greater than x (float64; inf or NaN past the top).
+
+    Past max_finite the answer is inf in formats with infinities and NaN in the MX formats,
+    which saturate; next_up(-inf) is -max_finite.
+
+    Parameters
+    ----------
+    x : float or numpy.ndarray or torch.Tensor
+        The values to step from; they need not be values of fmt.
+    fmt : str or FloatFormat or torch.dtype
+        The format, as `formats.get_format` accepts it.
+
+    Returns
+    -------
+    float or numpy.ndarray or torch.Tensor
+        The next value of fmt above x, in float64, of x's kind.
+
+    Raises
+    ------
+    ValueError
+        If fmt names no format.
+
+    Examples
+    --------
+    >>> from precisionlab.rounding import next_up
+    >>> next_up(1.0, "bfloat16"), next_up(1.001, "bfloat16")
+    (1.0078125, 1.0078125)
+    >>> next_up(65504.0, "float16")
+    inf
+    >>> next_up(0.0, "float16") == 2.0**-24
+    True
+    """
     fmt = get_format(fmt)
     a, restore = _as_float64(x)
     if fmt.name == "float64":
@@ -565,7 +688,33 @@ def next_up(x, fmt):
 
 
 def next_down(x, fmt):
-    """The largest value of fmt strictly less than x: -next_up(-x)."""
+    """The largest value of fmt strictly less than x: -next_up(-x).
+
+    Parameters
+    ----------
+    x : float or numpy.ndarray or torch.Tensor
+        The values to step from; they need not be values of fmt.
+    fmt : str or FloatFormat or torch.dtype
+        The format, as `formats.get_format` accepts it.
+
+    Returns
+    -------
+    float or numpy.ndarray or torch.Tensor
+        The next value of fmt below x, in float64, of x's kind.
+
+    Raises
+    ------
+    ValueError
+        If fmt names no format.
+
+    Examples
+    --------
+    >>> from precisionlab.rounding import next_down
+    >>> next_down(1.0, "bfloat16"), next_down(1.0, "float16")
+    (0.99609375, 0.99951171875)
+    >>> next_down(-65504.0, "float16")
+    -inf
+    """
     a, restore = _as_float64(x)
     return restore(-np.asarray(next_up(-a, fmt)))
 
@@ -591,7 +740,43 @@ class BitFields:
 
 
 def decompose(x: float, fmt, mode: str = "nearest_even") -> BitFields:
-    """Round scalar x into fmt and split it into sign, exponent and mantissa fields."""
+    """Round scalar x into fmt and split it into sign, exponent and mantissa fields.
+
+    Parameters
+    ----------
+    x : float
+        The value to round and show.
+    fmt : str or FloatFormat or torch.dtype
+        The format, as `formats.get_format` accepts it.
+    mode : {"nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic"}, default "nearest_even"
+        The rounding mode, as for `round_to` (stochastic draws from
+        np.random.default_rng(0)).
+
+    Returns
+    -------
+    BitFields
+        The rounded value, its sign, biased exponent field E and fraction field f (as
+        integers), its kind ("zero", "subnormal", "normal", "inf" or "nan"), the bits as
+        text ("s eeeeeeee fffffff") and the value written out from the fields; printing it
+        gives one line.
+
+    Raises
+    ------
+    ValueError
+        If fmt or mode is unknown.
+
+    Examples
+    --------
+    >>> from precisionlab.rounding import decompose
+    >>> d = decompose(0.1, "bfloat16")
+    >>> d.bits, d.kind
+    ('0 01111011 1001101', 'normal')
+    >>> d.meaning
+    '(-1)^0 * 2^-4 * 1.1001101b = 0.10009765625'
+    >>> d = decompose(1e-6, "float16")
+    >>> d.kind, d.exponent, d.mantissa, d.bits
+    ('subnormal', 0, 17, '0 00000 0000010001')
+    """
     fmt = get_format(fmt)
     v = float(round_to(float(x), fmt, mode, generator=np.random.default_rng(0)))
     e_bits, m_bits = fmt.exponent_bits, fmt.mantissa_bits

@@ -418,8 +418,7 @@ def smallest_surviving_gradient(scale: float, fmt="float16", floor: str = "zero"
     s = float(scale)
     if not (math.isfinite(s) and s > 0):
         raise ValueError(f"scale must be finite and > 0; got scale={scale!r}")
-    if floor not in SURVIVAL_FLOORS:
-        raise ValueError(f"unknown floor {floor!r}; valid choices: {', '.join(SURVIVAL_FLOORS)}")
+    check_choice(floor, "floor", SURVIVAL_FLOORS)
     t = {"zero": f.min_subnormal / 2, "subnormal": f.min_subnormal, "normal": f.min_normal}[floor]
     return t / s
 
@@ -534,7 +533,7 @@ def make_regression_task(n: int = 64, d_in: int = 16, d_out: int = 8, target_sca
     return factory, x, y
 
 
-_AUTOCAST = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_AUTOCAST: tuple[str, ...] = ("float32", "float16", "bfloat16")  # the compute formats; float32: no autocast
 
 
 _EMULATED_ACTIVATIONS = {torch.nn.Tanh: emulate.tanh, torch.nn.SiLU: emulate.silu,
@@ -627,7 +626,7 @@ def train_scaled(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, steps
     check_choice(backend, "backend", emulate.BACKENDS)
     if isinstance(steps, bool) or not _is_int(steps) or steps < 1:
         raise ValueError(f"steps must be a positive integer; got steps={steps!r}")
-    dtype = _AUTOCAST[compute]
+    dtype = None if compute == "float32" else get_format(compute).torch_dtype
     if backend == "native":
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
         loss_fn = loss_fn or torch.nn.functional.mse_loss

@@ -16,6 +16,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .checks import check_choice
+from .exact import two_prod, two_sum
 from .formats import FloatFormat, get_format
 from .rounding import DETERMINISTIC_MODES, check_mode, round_to, seed_generator, ulp
 
@@ -63,30 +64,6 @@ def _finite_array(x, name: str) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- exact arithmetic
-
-
-def _two_sum(a, b):
-    """(s, e) with s = fl(a + b) and a + b = s + e exactly (Knuth's TwoSum)."""
-    s = a + b
-    bb = s - a
-    e = (a - (s - bb)) + (b - bb)
-    return s, e
-
-
-def _split(a):
-    """Dekker's split a = hi + lo with hi, lo holding at most 26 significant bits each."""
-    c = 134217729.0 * a  # 2^27 + 1
-    hi = c - (c - a)
-    return hi, a - hi
-
-
-def _two_prod(a, b):
-    """(p, e) with p = fl(a * b) and a * b = p + e exactly (Dekker's TwoProduct)."""
-    p = a * b
-    ah, al = _split(a)
-    bh, bl = _split(b)
-    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-    return p, e
 
 
 def _sign_of_difference(p, e, dh, dl):
@@ -150,7 +127,7 @@ def _boundary(w, lr, fmt: FloatFormat, mode: str) -> _Boundary:
     inclusive = np.where(nearest, incl_nearest, keeps_below)
     # At the top, rounding toward zero past max_finite stays at max_finite forever.
     never = (s == 0) | (~nearest & keeps_below & (v == fmt.max_finite))
-    d_hi, d_lo = _two_sum(b, -wm)
+    d_hi, d_lo = two_sum(b, -wm)
     return _Boundary(wm, s, d_hi, d_lo, inclusive, never)
 
 
@@ -231,7 +208,7 @@ def steps_to_cross(w, lr, fmt="bfloat16", mode: str = "nearest_even"):
     k = np.where(bd.inclusive, np.maximum(np.ceil(q), 1.0), np.floor(q) + 1.0)
 
     def crossed(kk):
-        p, e = _two_prod(kk, bd.s)
+        p, e = two_prod(kk, bd.s)
         c = _sign_of_difference(p, e, bd.d_hi, bd.d_lo)
         return np.where(bd.inclusive, c >= 0, c > 0)
 

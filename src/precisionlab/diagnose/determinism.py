@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..checks import check_count
 from ..tables import Table
 from .report import Report, as_inputs, check_scalar_loss, fmt_share, new_axes, rows_fit, short
 
@@ -26,7 +27,39 @@ _INT_OF = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """|ord(a) - ord(b)| per entry, ord the bit pattern as a sign-magnitude integer (0 = -0 = 0); NaN vs anything but NaN: -1."""
+    """|ord(a) - ord(b)| per entry, ord the bit pattern as a sign-magnitude integer (0 = -0 = 0); NaN vs anything but NaN: -1.
+
+    For float64, float32, float16 and bfloat16 tensors this counts the values of the format
+    between a and b; for any other dtype it is 1 where the entries differ, else 0.
+
+    Parameters
+    ----------
+    a, b : torch.Tensor
+        Tensors of one dtype and shape.
+
+    Returns
+    -------
+    torch.Tensor
+        int64 distances of that shape: 0 for equal values (and for NaN against NaN), -1
+        where exactly one of the two is NaN.
+
+    Raises
+    ------
+    ValueError
+        If a and b differ in dtype or shape.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from precisionlab.diagnose import ulp_distance
+    >>> a = torch.tensor([1.0, -0.0, 0.0, float("nan")])
+    >>> b = torch.tensor([1.0000001, 0.0, 1.4e-45, 1.0])  # 1 + 2^-23, 2^-149
+    >>> ulp_distance(a, b).tolist()
+    [1, 0, 1, -1]
+    >>> ulp_distance(torch.tensor([-1.0], dtype=torch.bfloat16),
+    ...              torch.tensor([1.0], dtype=torch.bfloat16)).tolist()
+    [32512]
+    """
     if a.dtype != b.dtype or a.shape != b.shape:
         raise ValueError(f"a and b must share dtype and shape; got {a.dtype} {tuple(a.shape)} and "
                          f"{b.dtype} {tuple(b.shape)}")
@@ -66,7 +99,22 @@ class Change:
 
 @dataclass(frozen=True)
 class DeterminismReport(Report):
-    """determinism()'s result: the settings run, and per tensor and setting what changed."""
+    """determinism()'s result: the settings run, and per tensor and setting what changed.
+
+    Attributes
+    ----------
+    baseline : str
+        The first setting's label ("1 thread"), which every other run is compared with.
+    settings : tuple of str
+        Every setting's label, baseline first: "repeat 1", ..., "2 threads", ...,
+        "deterministic".
+    tensors : tuple of str
+        The compared tensors' names: "output" (or "output[0]", "output['logits']", ...),
+        then "grad <parameter>" with loss_fn.
+    changes : tuple
+        One record per tensor and non-baseline setting, with fields tensor, setting,
+        numel, changed (entries that differ) and max_ulps (-1: a NaN appeared or vanished).
+    """
 
     baseline: str
     settings: tuple  # setting labels, baseline first
@@ -75,7 +123,18 @@ class DeterminismReport(Report):
     title: str = "outputs that depend on the machine's order of additions"
 
     def changed(self, tensor: str | None = None) -> int:
-        """Entries that differ from the baseline under some setting (one tensor or all)."""
+        """Entries that differ from the baseline under some setting (one tensor or all).
+
+        Parameters
+        ----------
+        tensor : str or None, default None
+            One of `tensors`; None adds up all of them.
+
+        Returns
+        -------
+        int
+            Changed entries, summed over the non-baseline settings.
+        """
         return sum(c.changed for c in self.changes if tensor is None or c.tensor == tensor)
 
     @property
@@ -84,7 +143,13 @@ class DeterminismReport(Report):
         return tuple(t for t in self.tensors if any(c.tensor == t and c.changed for c in self.changes))
 
     def summary(self) -> str:
-        """Which tensors changed, against which baseline."""
+        """Which tensors changed, against which baseline.
+
+        Returns
+        -------
+        str
+            The baseline and the settings compared; the tensors that changed, or "none".
+        """
         s = self.sensitive
         what = ", ".join(s[:4]) + (f" (+{len(s) - 4})" if len(s) > 4 else "") if s else "none"
         head = f"baseline {self.baseline}; settings compared: {', '.join(self.settings[1:])}"
@@ -92,7 +157,20 @@ class DeterminismReport(Report):
                                                 subsequent_indent="  ")])
 
     def table(self, limit: int = 24) -> Table:
-        """Per tensor and setting: share of entries changed and the largest change in ulps."""
+        """Per tensor and setting: share of entries changed and the largest change in ulps.
+
+        Parameters
+        ----------
+        limit : int, default 24
+            The most tensors shown; a last row says how many were left out.
+
+        Returns
+        -------
+        Table
+            One row per tensor, one column per non-baseline setting: "same", or the share
+            changed and the largest distance ("0.5%, 3 ulp"; "NaN" where a NaN appeared or
+            vanished).
+        """
         heads = ["tensor", "entries"] + [short(s, 14) for s in self.settings[1:]]
         rows = []
         for t in self.tensors:
@@ -108,7 +186,18 @@ class DeterminismReport(Report):
         return Table(heads, rows_fit(rows, limit))
 
     def plot(self, ax=None):
-        """Share of entries changed per tensor (bars), one colour per setting."""
+        """Share of entries changed per tensor (bars), one colour per setting.
+
+        Parameters
+        ----------
+        ax : matplotlib.axes.Axes or None, default None
+            The Axes to draw on; None draws on a new figure.
+
+        Returns
+        -------
+        matplotlib.axes.Axes
+            The Axes drawn on.
+        """
         ax = new_axes(ax)
         settings = self.settings[1:]
         w = 0.8 / max(len(settings), 1)
@@ -183,6 +272,62 @@ def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: b
 
     loss_fn(output) -> scalar adds the gradients of fn's parameters (fn a Module) to the comparison.
     Every run starts from the same random seed, so dropout and other random draws are the same.
+
+    Parameters
+    ----------
+    fn : torch.nn.Module or callable
+        fn(*inputs) returns a tensor, or a tuple, list or dict of tensors (nested).
+    inputs : torch.Tensor or tuple
+        A tensor, or a non-empty tuple or list of positional inputs.
+    threads : sequence of int
+        Thread counts (torch.set_num_threads), each >= 1; the first is the baseline.
+        Default: (1, 2, 4).
+    deterministic : bool, default True
+        Also run once with torch.use_deterministic_algorithms(True, warn_only=True) and
+        cuDNN's deterministic flags (cudnn.benchmark off).
+    repeats : int, default 1
+        Extra runs of the baseline setting (>= 0): differences there are run-to-run
+        nondeterminism, not the thread count.
+    loss_fn : callable or None, default None
+        loss_fn(output) -> a scalar loss; compares the gradients of fn's parameters too
+        (fn must then be a Module with trainable parameters).
+
+    Returns
+    -------
+    DeterminismReport
+        Per output and gradient tensor and per setting, the entries that changed from the
+        baseline and the largest change in ulps. Every setting changed is put back.
+
+    Raises
+    ------
+    ValueError
+        If fn or loss_fn is not callable, inputs is not a tensor or a tuple, threads is
+        empty or holds a non-positive integer, repeats is negative, loss_fn is given for an
+        fn that is not a Module with trainable parameters, fn returns no tensor, or loss_fn
+        returns no scalar loss.
+
+    Examples
+    --------
+    The first call in a process takes a second or more: torch's
+    use_deterministic_algorithms imports torch's compiler the first time it runs.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from precisionlab.diagnose import determinism
+    >>> _ = torch.manual_seed(0)
+    >>> layer = nn.Linear(4, 2)
+    >>> report = determinism(layer, torch.randn(3, 4), threads=(1, 2),
+    ...                      loss_fn=lambda out: out.sum())
+    >>> report.settings
+    ('1 thread', 'repeat 1', '2 threads', 'deterministic')
+    >>> report.tensors
+    ('output', 'grad weight', 'grad bias')
+    >>> [c.numel for c in report.changes if c.setting == "2 threads"]
+    [6, 8, 2]
+
+    `report.changed()` and `report.sensitive` then say what moved, and `print(report)`
+    tabulates it; which entries move depends on the CPU and the kernels torch picks there,
+    so their counts are not printed here.
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable (a Module or a function); got {type(fn).__name__}")
@@ -190,8 +335,7 @@ def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: b
     ts = tuple(threads)
     if not ts or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in ts):
         raise ValueError(f"threads must be a non-empty list of positive integers; got {threads!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
-        raise ValueError(f"repeats must be an integer >= 0; got repeats={repeats!r}")
+    check_count(repeats, "repeats", 0)
     if loss_fn is not None and not callable(loss_fn):
         raise ValueError(f"loss_fn must be callable or None; got {loss_fn!r}")
     params = []

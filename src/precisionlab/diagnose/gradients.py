@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..formats import FloatFormat, get_format
+from ..checks import check_choice, check_integer
+from ..formats import FloatFormat, get_format, short_name
 from ..tables import Table
 from ..updates import swallowed as update_swallowed
 from .recipe_shares import (
@@ -63,7 +64,40 @@ _ADAM_EPS = 1e-8  # torch.optim.Adam's default eps
 
 
 def cast_thresholds(fmt) -> tuple[float, float, float]:
-    """(zero_max, subnormal_below, overflow_from) of a format: |x| <= q/2 -> 0, < n - q/2 -> subnormal, >= M + ulp(M)/2 -> inf."""
+    """(zero_max, subnormal_below, overflow_from) of a format: |x| <= q/2 -> 0, < n - q/2 -> subnormal, >= M + ulp(M)/2 -> inf.
+
+    The thresholds of a cast rounding to nearest, ties to even (q the smallest subnormal,
+    n the smallest normal, M the largest finite value).
+
+    Parameters
+    ----------
+    fmt : str or FloatFormat or torch.dtype
+        A format with infinities ("float16", "bfloat16", "float8_e5m2", "float32", ...).
+
+    Returns
+    -------
+    zero_max : float
+        q/2: a value with |x| <= zero_max rounds to zero.
+    subnormal_below : float
+        n - q/2: a nonzero value that does not round to zero rounds to a subnormal when
+        |x| < subnormal_below.
+    overflow_from : float
+        M + ulp(M)/2: a value with |x| >= overflow_from rounds to infinity.
+
+    Raises
+    ------
+    ValueError
+        If fmt is unknown or has no infinities (float8_e4m3fn, the MX formats).
+
+    Examples
+    --------
+    >>> from precisionlab.diagnose import cast_thresholds
+    >>> zero_max, subnormal_below, overflow_from = cast_thresholds("float16")
+    >>> zero_max == 2.0**-25, subnormal_below == 2.0**-14 - 2.0**-25
+    (True, True)
+    >>> overflow_from  # 65504 + ulp(65504) / 2
+    65520.0
+    """
     f = get_format(fmt)
     if not f.has_inf:
         raise ValueError(f"fmt must be a format with infinities (float16, bfloat16, ...); got {f.name}")
@@ -74,7 +108,39 @@ def cast_thresholds(fmt) -> tuple[float, float, float]:
 
 @dataclass(frozen=True)
 class TensorGradients:
-    """One gradient tensor reduced to counts: sizes, extremes, per-format outcomes of a cast."""
+    """One gradient tensor reduced to counts: sizes, extremes, per-format outcomes of a cast.
+
+    Attributes
+    ----------
+    name : str
+        The parameter's name (model.named_parameters()) or the leaf module's path.
+    kind : str
+        "parameter" or "activation".
+    shape : tuple of int
+        The gradient's shape.
+    numel : int
+        Its number of entries.
+    nonzero : int
+        Entries != 0 in float32.
+    nonfinite : int
+        Entries already inf or NaN in float32.
+    max_abs : float
+        The largest finite |g| (unscaled).
+    min_abs : float
+        The smallest nonzero |g| (inf when every entry is zero).
+    flushed : dict
+        Format name -> nonzero entries that a cast at the report's scale rounds to zero.
+    subnormal : dict
+        Format name -> entries that it leaves subnormal.
+    overflow : dict
+        Format name -> entries that it takes to +-inf.
+    swallowed : int
+        Weights whose bfloat16 update is lost (parameters, when lr is given).
+    updated : int
+        Weights with a nonzero update.
+    recipes : dict
+        Recipe name -> RecipeShares (with recipe=).
+    """
 
     name: str
     kind: str  # "parameter" or "activation"
@@ -96,7 +162,20 @@ class TensorGradients:
     near_top: dict = field(default_factory=dict, repr=False)
 
     def share(self, what: str, fmt: str) -> float:
-        """flushed/subnormal/overflow entries of fmt as a share of all entries."""
+        """flushed/subnormal/overflow entries of fmt as a share of all entries.
+
+        Parameters
+        ----------
+        what : {"flushed", "subnormal", "overflow"}
+            The outcome of the cast.
+        fmt : str
+            A registry name among the report's formats ("float16", "bfloat16", ...).
+
+        Returns
+        -------
+        float
+            The share in [0, 1] (0.0 for an empty tensor).
+        """
         return getattr(self, what)[fmt] / self.numel if self.numel else 0.0
 
     def overflow_at(self, fmt: str, scale_exp: int) -> int:
@@ -162,7 +241,62 @@ def _below_normal(hist: np.ndarray, fmt: FloatFormat, k: int) -> int:
 
 @dataclass(frozen=True)
 class GradientReport(Report):
-    """gradients()'s result: per-tensor counts, the loss-scale range, swallowed updates, the fix table."""
+    """gradients()'s result: per-tensor counts, the loss-scale range, swallowed updates, the fix table.
+
+    Attributes
+    ----------
+    tensors : tuple of TensorGradients
+        One per gradient tensor: the parameters first (in model order), then, with
+        activations=True, the leaf modules' outputs (in forward order).
+    formats : tuple of str
+        The registry names of the formats counted.
+    scale : float
+        The loss scale the counts are taken at.
+    loss : float
+        The float32 loss of the one forward.
+    tail : float
+        The tail share the loss-scale range allows below the normal floor.
+    lr : float or None
+        The step size given, or None.
+    optimizer : str
+        "sgd" or "adam".
+    scale_range : dict
+        Format name -> (lowest, highest) exponent k of the loss scales 2^k that leave at
+        most tail of the nonzero parameter gradients below the normal floor and none
+        overflowing, or None where no scale does both.
+    recipes : tuple of Recipe
+        The scaling recipes each tensor was quantized under (empty without recipe=).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from precisionlab.diagnose import gradients
+    >>> _ = torch.manual_seed(0)
+    >>> model = nn.Linear(4, 2)
+    >>> x = torch.full((2, 4), 1e-8)
+    >>> report = gradients(model, lambda out: out.sum(), x, lr=1e-3)
+    >>> report.share("flushed", "float16")
+    0.8
+    >>> report.below_normal("float16", scale_exp=12)
+    0.0
+    >>> report.swallowed_share
+    0.8
+    >>> print(report.fixes())
+    symptom                         cause in this model
+    ------------------------------  -----------------------
+    loss flat, early-layer grads 0  fp16 flushes 80.0%
+    slow or noisy progress          fp16 subnormal 0
+    inf/NaN loss, skipped steps     fp16 overflow 0
+    weights stop changing           bf16 updates lost 80.0%
+    <BLANKLINE>
+    symptom                         fix
+    ------------------------------  ----------------------------------
+    loss flat, early-layer grads 0  loss scale 2^12..2^14, or bfloat16
+    slow or noisy progress          -
+    inf/NaN loss, skipped steps     -
+    weights stop changing           float32 master weights
+    """
 
     tensors: tuple  # TensorGradients, parameters first (in model order), then activations
     formats: tuple  # format names
@@ -180,27 +314,79 @@ class GradientReport(Report):
         return [t for t in self.tensors if t.kind == kind]
 
     def total(self, what: str, fmt: str, kind: str = "parameter") -> int:
-        """Sum over tensors of kind of flushed/subnormal/overflow/numel/nonzero (fmt ignored for the last two)."""
+        """Sum over tensors of kind of flushed/subnormal/overflow/numel/nonzero (fmt ignored for the last two).
+
+        Parameters
+        ----------
+        what : {"flushed", "subnormal", "overflow", "numel", "nonzero", "swallowed", "updated"}
+            The count to add up; "swallowed" and "updated" count weights (with lr).
+        fmt : str
+            A format of the report (`formats`) for the first three; ignored for the others.
+        kind : {"parameter", "activation"}, default "parameter"
+            Which gradient tensors to add up.
+
+        Returns
+        -------
+        int
+            The total over the tensors of that kind.
+        """
         ts = self._of(kind)
         if what in ("numel", "nonzero", "swallowed", "updated"):
             return sum(getattr(t, what) for t in ts)
         return sum(getattr(t, what)[fmt] for t in ts)
 
     def share(self, what: str, fmt: str = "float16", kind: str = "parameter") -> float:
-        """Share of all parameter-gradient entries that a cast to fmt flushes / leaves subnormal / overflows."""
+        """Share of all parameter-gradient entries that a cast to fmt flushes / leaves subnormal / overflows.
+
+        Parameters
+        ----------
+        what : {"flushed", "subnormal", "overflow"}
+            The outcome of the cast.
+        fmt : str, default "float16"
+            One of the report's `formats`.
+        kind : {"parameter", "activation"}, default "parameter"
+            Which gradient tensors to count over.
+
+        Returns
+        -------
+        float
+            The share in [0, 1] of all entries of those tensors (0.0 when there are none).
+        """
         n = self.total("numel", fmt, kind)
         return self.total(what, fmt, kind) / n if n else 0.0
 
     @property
     def swallowed_share(self) -> float | None:
-        """Share of weights with a nonzero update whose bfloat16 copy would not change (None without lr)."""
+        """Share of weights with a nonzero update whose bfloat16 copy would not change (None without lr).
+
+        The update is the one step the report was asked about (lr, optimizer), applied to
+        each weight rounded to bfloat16: it is swallowed when the sum rounds back to the
+        same bfloat16 value (chapter 1's rule).
+        """
         if self.lr is None:
             return None
         n = self.total("updated", "")
         return self.total("swallowed", "") / n if n else 0.0
 
     def below_normal(self, fmt: str = "float16", scale_exp: int = 0, kind: str = "parameter") -> float:
-        """Share of nonzero entries with |g| 2^scale_exp below fmt's smallest normal."""
+        """Share of nonzero entries with |g| 2^scale_exp below fmt's smallest normal.
+
+        Parameters
+        ----------
+        fmt : str, default "float16"
+            Any format `formats.get_format` knows (not only the report's).
+        scale_exp : int, default 0
+            The loss scale 2^scale_exp to try. The report keeps counts per binade of the
+            unscaled gradients, so any scale can be tried without running the model again
+            (the report's own `scale` does not enter).
+        kind : {"parameter", "activation"}, default "parameter"
+            Which gradient tensors to count over.
+
+        Returns
+        -------
+        float
+            The share in [0, 1] of the nonzero finite entries.
+        """
         f = get_format(fmt)
         ts = self._of(kind)
         nz = sum(int(t.exponents.sum()) for t in ts)
@@ -208,7 +394,14 @@ class GradientReport(Report):
 
     # ------------------------------------------------------------------ display
     def summary(self) -> str:
-        """The loss, the scale and, per format, the lost shares and the scale range."""
+        """The loss, the scale and, per format, the lost shares and the scale range.
+
+        Returns
+        -------
+        str
+            One line on the loss and scale, one per format, one on swallowed updates (with
+            lr) and one per recipe.
+        """
         lines = [f"loss {self.loss:.4g}; counts at loss scale {pow2_label(int(math.log2(self.scale)))}"
                  f" over {self.total('numel', '')} parameter-gradient entries"]
         for f in self.formats:
@@ -226,15 +419,59 @@ class GradientReport(Report):
 
     # ------------------------------------------------------------------ recipes
     def recipe_share(self, what: str, recipe, kind: str = "parameter") -> float:
-        """saturated/underflowed/subnormal entries under recipe as a share of the entries of the tensors it quantized."""
+        """saturated/underflowed/subnormal entries under recipe as a share of the entries of the tensors it quantized.
+
+        Parameters
+        ----------
+        what : {"saturated", "underflowed", "subnormal"}
+            The share to report.
+        recipe : str or Recipe
+            One of the report's recipes, by name or as the Recipe.
+        kind : {"parameter", "activation"}, default "parameter"
+            Which gradient tensors to count over.
+
+        Returns
+        -------
+        float
+            The share in [0, 1]; tensors the recipe did not quantize do not count.
+
+        Raises
+        ------
+        ValueError
+            If the report has no such recipe, or what is unknown.
+        """
         return recipe_share(self._of(kind), self.recipes, what, recipe)
 
     def recipe_rows(self) -> list[dict]:
-        """One plain dict per tensor and recipe: tensor, kind, recipe, the three shares, sqnr_db, skipped."""
+        """One plain dict per tensor and recipe: tensor, kind, recipe, the three shares, sqnr_db, skipped.
+
+        Returns
+        -------
+        list of dict
+            Keys "tensor", "kind", "recipe", "saturated", "underflowed", "subnormal",
+            "sqnr_db" (None where the recipe does not apply) and "skipped" (the reason, or
+            ""): ready for a DataFrame or a CSV writer.
+        """
         return recipe_rows(self.tensors, self.recipes)
 
     def recipe_table(self, limit: int = 24) -> Table:
-        """A block of rows per tensor, one per recipe: saturated / zero / subnormal shares and SQNR; n/a with the reason where it does not apply."""
+        """A block of rows per tensor, one per recipe: saturated / zero / subnormal shares and SQNR; n/a with the reason where it does not apply.
+
+        Parameters
+        ----------
+        limit : int, default 24
+            The most tensors shown; a last row says how many were left out.
+
+        Returns
+        -------
+        Table
+            The table, with the recipes described in its caption and a key in its note.
+
+        Raises
+        ------
+        ValueError
+            If the report was made without recipe=.
+        """
         return recipe_table(self.tensors, self.recipes, limit)
 
     def to_text(self) -> str:
@@ -247,10 +484,23 @@ class GradientReport(Report):
         return html + self.recipe_table()._repr_html_() if self.recipes else html
 
     def table(self, limit: int = 24) -> Table:
-        """One row per tensor: max |g|, smallest nonzero |g|, per format flushed/subnormal shares."""
+        """One row per tensor: max |g|, smallest nonzero |g|, per format flushed/subnormal shares.
+
+        Parameters
+        ----------
+        limit : int, default 24
+            The most tensors shown; a last row says how many were left out.
+
+        Returns
+        -------
+        Table
+            Columns tensor, max|g|, min|g|>0, then per format (by its short name) the
+            flushed ("fp16 0") and subnormal ("fp16 sub") shares, and with lr the share of
+            stuck weights ("stuck").
+        """
         heads = ["tensor", "max|g|", "min|g|>0"]
         for f in self.formats:
-            ab = {"float16": "f16", "bfloat16": "bf16"}.get(f, f)
+            ab = short_name(f)
             heads += [f"{ab} 0", f"{ab} sub"]
         if self.lr is not None:
             heads.append("stuck")
@@ -266,7 +516,14 @@ class GradientReport(Report):
         return Table(heads, rows_fit(rows, limit))
 
     def fixes(self) -> Table:
-        """The symptom -> cause -> fix table, each row marked with what this model shows."""
+        """The symptom -> cause -> fix table, each row marked with what this model shows.
+
+        Returns
+        -------
+        Table
+            Columns symptom, cause in this model, fix ("-" where this model does not show
+            the cause); float16 rows when float16 was counted, a bfloat16 row with lr.
+        """
         f16 = "float16" in self.formats
         rows = []
         if f16:
@@ -287,7 +544,21 @@ class GradientReport(Report):
         return Table(["symptom", "cause in this model", "fix"], rows, width=80)
 
     def plot(self, ax=None, fmt: str = "float16"):
-        """Per parameter tensor: log2 of max |g| and smallest nonzero |g| against fmt's floors."""
+        """Per parameter tensor: log2 of max |g| and smallest nonzero |g| against fmt's floors.
+
+        Parameters
+        ----------
+        ax : matplotlib.axes.Axes or None, default None
+            The Axes to draw on; None draws on a new figure.
+        fmt : str, default "float16"
+            The format whose normal floor and smallest subnormal are drawn (at the
+            report's scale).
+
+        Returns
+        -------
+        matplotlib.axes.Axes
+            The Axes drawn on.
+        """
         ax = new_axes(ax)
         ts = self._of("parameter")
         x = np.arange(len(ts))
@@ -309,10 +580,32 @@ class GradientReport(Report):
     def scale_view(self, scale_exp: int = 0, fmt: str = "float16"):
         """(ViewTable, Figure): per parameter tensor, the share of nonzero entries that stay below
         fmt's normal floor and the share that overflows, at loss scale 2^scale_exp; the
-        table's alt says what the figure shows (drawn and worded in `scale_view`)."""
+        table's alt says what the figure shows (drawn and worded in `scale_view`).
+
+        Parameters
+        ----------
+        scale_exp : int, default 0
+            The loss scale 2^scale_exp to look at.
+        fmt : str, default "float16"
+            The format whose normal floor and overflow threshold apply; exact overflow
+            counts need one of the report's formats.
+
+        Returns
+        -------
+        table : Table
+            A two-column ViewTable: the share below the normal floor, the tensors with an
+            overflowing entry, the share that overflows, the scales that work; its alt
+            text describes the figure.
+        figure : matplotlib.figure.Figure
+            Bars per tensor of the share below the floor, stems where entries overflow.
+
+        Raises
+        ------
+        ValueError
+            If scale_exp is not an integer, or fmt is unknown or has no infinities.
+        """
         f = get_format(fmt)
-        if isinstance(scale_exp, bool) or not isinstance(scale_exp, (int, np.integer)):
-            raise ValueError(f"scale_exp must be an integer; got scale_exp={scale_exp!r}")
+        check_integer(scale_exp, "scale_exp")
         _, _, over = cast_thresholds(f)
         ts = self._of("parameter")
         below = [_below_normal(t.exponents, f, scale_exp) / max(int(t.exponents.sum()), 1)
@@ -383,6 +676,84 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
     10 log10(sum g^2 / sum (g - deq)^2) dB; a tensor the recipe's block does not divide (or
     with inf/NaN entries) is marked with the reason, never padded. The model's own .grad are
     restored.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model, with at least one parameter that requires grad. It runs once, in float32
+        as it is (its dtype and mode are not changed).
+    loss_fn : callable
+        loss_fn(model(*batch)) -> a scalar floating-point tensor that depends on the
+        parameters.
+    batch : torch.Tensor or tuple
+        The model's input: a tensor, or a non-empty tuple or list of positional inputs.
+    formats : sequence of str
+        The formats to count casts into, each one with infinities ("float16", "bfloat16",
+        "float8_e5m2", "float32", ...). Default: ("float16", "bfloat16").
+    scale : float, default 1.0
+        A power-of-two loss scale (1, 1024, 65536, ...) the shares are counted at.
+    lr : float or None, default None
+        A step size > 0: also count the weights whose bfloat16 copy would not move.
+    optimizer : {"sgd", "adam"}, default "sgd"
+        The step lr is taken with: w - lr g, or Adam's first step w - lr g / (|g| + 1e-8).
+    tail : float, default 1e-3
+        The share, in [0, 1), of nonzero parameter gradients allowed to stay below the
+        normal floor when the loss-scale range is chosen.
+    activations : bool, default False
+        Also count the gradient of every leaf module's output.
+    recipe : str or Recipe or sequence or None, default None
+        A scaling recipe ("fp8_tensor", "mxfp8", "nvfp4", ... from `quantize.RECIPES`, or a
+        `quantize.Recipe`) or a sequence of them with distinct names: also quantize each
+        gradient tensor under it.
+
+    Returns
+    -------
+    GradientReport
+        Per tensor the counts (`GradientReport.tensors`), the loss-scale range per format
+        (`scale_range`), the shares, and the symptom -> cause -> fix table (`fixes`).
+
+    Raises
+    ------
+    ValueError
+        If model is not a Module with trainable parameters, batch is not a tensor or a
+        tuple, loss_fn is not callable or returns no scalar loss that depends on the
+        parameters, formats is empty or names a format without infinities, scale is not a
+        power of two, lr is not a number > 0, optimizer or recipe is unknown, or tail lies
+        outside [0, 1).
+
+    Examples
+    --------
+    Inputs of 1e-8 make weight gradients of 2e-8, below float16's smallest subnormal: 8 of
+    the 10 gradient entries would flush to zero, and loss scales 2^12 .. 2^14 lift them
+    without overflowing the bias gradients (2).
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from precisionlab.diagnose import gradients
+    >>> _ = torch.manual_seed(0)
+    >>> model = nn.Linear(4, 2)
+    >>> x = torch.full((2, 4), 1e-8)
+    >>> report = gradients(model, lambda out: out.sum(), x)
+    >>> print("\\n".join(report.summary().splitlines()[1:]))
+    float16: flushed 80.0%, subnormal 0, overflow 0; loss scales: 2^12 .. 2^14
+    bfloat16: flushed 0, subnormal 0, overflow 0; loss scales: 2^-100 .. 2^126
+    >>> report.scale_range["float16"], report.total("flushed", "float16")
+    ((12, 14), 8)
+    >>> print(report.table())
+    tensor  max|g|  min|g|>0  fp16 0  fp16 sub  bf16 0  bf16 sub
+    ------  ------  --------  ------  --------  ------  --------
+    weight  2e-08   2e-08     100.0%  0         0       0
+    bias    2       2         0       0         0       0
+
+    Under the MX FP8 recipe, blocks of 32 entries along the last axis: the weight gradient
+    (2 x 32) is quantized, the bias gradient (2 entries) is marked as not divisible, never
+    padded:
+
+    >>> model = nn.Linear(32, 2)
+    >>> x = torch.ones(3, 32)
+    >>> report = gradients(model, lambda out: out.sum(), x, recipe="mxfp8")
+    >>> [(t.name, t.recipes["mxfp8"].applies) for t in report.tensors]
+    [('weight', True), ('bias', False)]
     """
     check_module(model)
     inputs = as_inputs(batch)
@@ -398,8 +769,7 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
         raise ValueError(f"scale must be a power of two (1, 1024, 65536, ...); got scale={scale!r}")
     if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a finite number > 0 or None; got lr={lr!r}")
-    if optimizer not in _OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(_OPTIMIZERS)}")
+    check_choice(optimizer, "optimizer", _OPTIMIZERS)
     if not (isinstance(tail, (int, float)) and 0 <= tail < 1):
         raise ValueError(f"tail must be a share in [0, 1); got tail={tail!r}")
     recipes = as_recipes(recipe)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..checks import check_positive_int
+from ..formats import get_format
 from ..plotting import plot_beta_vs_logprob
 from ..tables import Table
 from .report import Report, as_inputs, check_module, fmt_share, new_axes
@@ -26,8 +28,6 @@ __all__ = ["SETTINGS", "MismatchReport", "logprobs", "mismatch"]
 
 SETTINGS: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16", "autocast_bfloat16",
                              "autocast_float16")
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-           "float16": torch.float16}
 
 
 def _logits_of(out, name: str) -> torch.Tensor:
@@ -51,14 +51,14 @@ def _runner(model, setting) -> Callable:
         raise ValueError(f"unknown precision setting {setting!r}; valid choices: "
                          f"{', '.join(SETTINGS)}, or a callable inputs -> logits")
     if setting.startswith("autocast_"):
-        dtype = _DTYPES[setting.removeprefix("autocast_")]
+        dtype = get_format(setting.removeprefix("autocast_")).torch_dtype
         dev = next(model.parameters()).device.type
 
         def run(inputs):
             with torch.autocast(dev, dtype=dtype):
                 return _logits_of(model(*inputs), "model")
         return run
-    dtype = _DTYPES[setting]
+    dtype = get_format(setting).torch_dtype
     if all(p.dtype == dtype for p in model.parameters()):
         m = model
     else:
@@ -72,14 +72,57 @@ def _runner(model, setting) -> Callable:
 
 
 def logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] per position, the log-softmax taken in float32."""
+    """log softmax(logits)[target] per position, the log-softmax taken in float32.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        Floating-point logits (..., vocabulary), of any float dtype (cast to float32).
+    targets : torch.Tensor
+        Integer token ids of the logits' shape without the last axis.
+
+    Returns
+    -------
+    torch.Tensor
+        float32 log-probabilities of the targets' shape.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from precisionlab.diagnose import logprobs
+    >>> logits = torch.tensor([[0.0, 0.0, 0.0, 0.0],
+    ...                        [0.0, float("-inf"), 0.0, 0.0]])
+    >>> lp = logprobs(logits, torch.tensor([2, 1]))
+    >>> f"{lp[0].item():.4f}", lp[1].item()  # log(1/4); a masked token
+    ('-1.3863', -inf)
+    """
     lp = torch.log_softmax(logits.to(torch.float32), dim=-1)
     return lp.gather(-1, targets.unsqueeze(-1).to(torch.int64)).squeeze(-1)
 
 
 @dataclass(frozen=True)
 class MismatchReport(Report):
-    """mismatch()'s result: per-token log-probabilities under both settings and beta."""
+    """mismatch()'s result: per-token log-probabilities under both settings and beta.
+
+    Attributes
+    ----------
+    reference : str
+        The reference setting's name (a callable's __name__, or "custom").
+    other : str
+        The other setting's name.
+    eps : float
+        PPO's clip range.
+    logp_reference : numpy.ndarray
+        log p of each target token under the reference (float64, the targets' shape).
+    logp_other : numpy.ndarray
+        log p under the other setting.
+    beta : numpy.ndarray
+        logp_reference - logp_other.
+    targets : numpy.ndarray
+        The token ids scored.
+    top : int
+        How many tokens the table lists.
+    """
 
     reference: str
     other: str
@@ -124,7 +167,19 @@ class MismatchReport(Report):
         return float(np.max(np.abs(self.beta)))
 
     def worst(self, k: int | None = None) -> list[tuple]:
-        """The k positions with the largest |beta|: (index tuple, target token, logp_reference, beta)."""
+        """The k positions with the largest |beta|: (index tuple, target token, logp_reference, beta).
+
+        Parameters
+        ----------
+        k : int or None, default None
+            How many positions; None takes the report's `top`.
+
+        Returns
+        -------
+        list of tuple
+            (index into the targets, target token id, log p under the reference, beta), the
+            largest |beta| first (ties in position order).
+        """
         k = self.top if k is None else k
         flat = np.argsort(-np.abs(self.beta).ravel(), kind="stable")[:k]
         out = []
@@ -135,20 +190,44 @@ class MismatchReport(Report):
         return out
 
     def summary(self) -> str:
-        """beta's spread and the share of tokens outside 1 +- eps."""
+        """beta's spread and the share of tokens outside 1 +- eps.
+
+        Returns
+        -------
+        str
+            Three lines: the settings and the token count; mean, std and max |beta|; the
+            share of tokens whose exp(beta) leaves 1 +- eps.
+        """
         return (f"beta = log p[{self.reference}] - log p[{self.other}], {self.beta.size} "
                 f"tokens\nmean {self.mean:.2e}, std {self.std:.2e}, max |beta| "
                 f"{self.max_abs:.3g}\nexp(beta) outside 1 +- {self.eps:g}: "
                 f"{fmt_share(self.share_outside)} of tokens")
 
     def table(self) -> Table:
-        """The tokens most affected: position, token, log p under the reference, beta, exp(beta)."""
+        """The tokens most affected: position, token, log p under the reference, beta, exp(beta).
+
+        Returns
+        -------
+        Table
+            One row for each of the `top` positions of `worst`.
+        """
         rows = [[str(idx), str(tok), f"{lp:.3f}", f"{b:+.3e}", f"{math.exp(b):.4f}"]
                 for idx, tok, lp, b in self.worst()]
         return Table(["position", "token", f"log p {self.reference}", "beta", "exp(beta)"], rows)
 
     def plot(self, ax=None):
-        """|beta| against the reference log-probability, median per bin."""
+        """|beta| against the reference log-probability, median per bin.
+
+        Parameters
+        ----------
+        ax : matplotlib.axes.Axes or None, default None
+            The Axes to draw on; None draws on a new figure.
+
+        Returns
+        -------
+        matplotlib.axes.Axes
+            The Axes drawn on.
+        """
         ax = new_axes(ax)
         plot_beta_vs_logprob(self.logp_reference.ravel(), self.beta.ravel(), ax=ax)
         ax.set_ylabel(f"|beta| = |log p {self.reference} - log p {self.other}|")
@@ -183,13 +262,68 @@ def mismatch(model, batch, targets=None, reference="float32", other="bfloat16",
 
     model returns logits (..., vocabulary); batch is a tensor or tuple of inputs; targets the
     token ids scored (default: the next token of batch's token ids). eps: PPO's clip range.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A language model: model(*batch) returns logits (..., vocabulary), or an object with
+        .logits (Hugging Face). It runs in eval mode under torch.no_grad (its mode is put
+        back afterwards); the cast settings run on a copy.
+    batch : torch.Tensor or tuple
+        The model's input: a tensor, or a non-empty tuple or list of positional inputs.
+    targets : torch.Tensor or None, default None
+        Integer token ids of the logits' shape without the last axis, each in
+        0 .. vocabulary - 1. None scores the next token of batch's first input (integer
+        ids): position t scores token t + 1, so there is one position fewer.
+    reference : str or callable, default "float32"
+        A setting from `SETTINGS` ("float32", "float64", "bfloat16", "float16",
+        "autocast_bfloat16", "autocast_float16") or a callable inputs -> logits.
+    other : str or callable, default "bfloat16"
+        The setting compared with the reference, of the same kinds.
+    eps : float, default 0.2
+        PPO's clip range, in (0, 1): the report counts the tokens whose exp(beta) lies
+        outside [1 - eps, 1 + eps].
+    top : int, default 5
+        How many of the most affected tokens `MismatchReport.table` lists (>= 1).
+
+    Returns
+    -------
+    MismatchReport
+        log p per token under both settings, beta = log p_reference - log p_other
+        (float64 arrays of the targets' shape), and the share of tokens outside 1 +- eps.
+
+    Raises
+    ------
+    ValueError
+        If model is not a Module with parameters, batch is not a tensor or a tuple, a
+        setting is unknown or returns no logits, the two settings' logits differ in shape,
+        targets do not fit the logits, eps lies outside (0, 1) or top is not a positive
+        integer.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from precisionlab.diagnose import mismatch
+    >>> _ = torch.manual_seed(0)
+    >>> model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))
+    >>> tokens = torch.tensor([[1, 5, 2, 7, 3, 9]])
+    >>> report = mismatch(model, tokens)  # float32 against a bfloat16 copy
+    >>> report.beta.shape, report.share_outside
+    ((1, 5), 0.0)
+    >>> print(report.summary().splitlines()[-1])
+    exp(beta) outside 1 +- 0.2: 0 of tokens
+
+    The same setting twice gives beta = 0 exactly: the forward is repeatable.
+
+    >>> mismatch(model, tokens, other="float32").max_abs
+    0.0
     """
     check_module(model)
     inputs = as_inputs(batch)
     if not (isinstance(eps, (int, float)) and 0 < eps < 1):
         raise ValueError(f"eps must be a number in (0, 1); got eps={eps!r}")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise ValueError(f"top must be a positive integer; got top={top!r}")
+    check_positive_int(top, "top")
     was_training = model.training
     model.eval()
     try:

@@ -19,7 +19,46 @@ __all__ = ["OpCheck", "check", "check_any", "check_hull", "check_inside", "check
 
 @dataclass(frozen=True)
 class OpCheck:
-    """One paired operation: the reference's value against the target's bound."""
+    """One paired operation: the reference's value against the target's bound.
+
+    Attributes
+    ----------
+    index : int
+        The operation's position in the target's trace.
+    op : str
+        "module.path: name#occurrence" ("0: linear#0"; "add#0" outside any module).
+    verdict : str
+        "Type-I" or "Type-II".
+    outside : int
+        Reference entries outside the bound.
+    numel : int
+        Entries checked.
+    element : tuple of int
+        The worst entry: an index into the tensor `of` names, of shape `shape`.
+    margin : float
+        Distance from the reference to the nearer edge of the bound there (negative:
+        outside).
+    width : float
+        The bound's width there.
+    lo : float
+        The bound's lower end there.
+    hi : float
+        Its upper end there.
+    reference : float
+        The reference's value there.
+    target : float
+        The target's value there.
+    self_outside : int
+        Target entries outside their own bound (0 when the kernel model holds).
+    exact : bool
+        Whether this is a shape operation, whose bound is the hull it started from.
+    shape : tuple of int
+        The shape of the tensor `element` indexes.
+    of : str
+        "" when element indexes the operation's own output; else the tensor the user's
+        code holds that the value is at ("the output of module 'mha' (MultiheadAttention)"),
+        or a note that it is internal.
+    """
 
     index: int  # the operation's position in the target's trace
     op: str  # "module.path: name#occurrence"

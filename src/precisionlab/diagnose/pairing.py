@@ -10,12 +10,11 @@ import numpy as np
 import torch
 
 from .. import intervals as iv
-from ..formats import get_format
+from ..formats import contains, get_format
 from ..intervals import torch_ops as bd
 from ..intervals.torch_ops import Leaf
 
 _IGNORED = (torch.dtype, torch.device, torch.layout, torch.memory_format)
-_RANK = {"float64": 3, "float32": 2, "bfloat16": 1, "float16": 1}
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -23,15 +22,16 @@ def coarser(a: str, b: str) -> list:
     """The formats to bound an operation in so that both programs' results are covered: the
     coarser alone when one format's values contain the other's (every rule widens and rounds
     outward, so its bound in the coarser format contains its bound in the finer), else both."""
-    if _RANK[a] == _RANK[b]:
-        return [a, b]
-    return [a if _RANK[a] < _RANK[b] else b]
+    if a != b and contains(a, b):
+        return [b]
+    if a != b and contains(b, a):
+        return [a]
+    return [a, b]
 
 
 def coarsest(fmts: set) -> list:
     """The coarsest formats of a set (both float16 and bfloat16 when both are there)."""
-    low = min(_RANK[f] for f in fmts)
-    return sorted(f for f in fmts if _RANK[f] == low)
+    return sorted(f for f in fmts if not any(g != f and contains(f, g) for g in fmts))
 
 
 def _join(a: iv.Interval, b: iv.Interval) -> iv.Interval:
@@ -47,7 +47,7 @@ def leaf_wide(t: torch.Tensor, ref_fmts: set) -> iv.Interval:
         return box
     own = bd.fmt_of(t.dtype)
     for f in ref_fmts:
-        if f != own and _RANK[f] <= _RANK[own] and f != "float64":
+        if f != own and not contains(f, own) and f != "float64":
             c = bd.round_into(box, f)
             c = bd.widen_rel(c, 1.0, f)  # double rounding through a third format
             box = _join(box, c)
@@ -74,7 +74,7 @@ def leaf_of(t: torch.Tensor, other: torch.Tensor | None, ref_fmts: set) -> Leaf:
     if other is not None and other is not t:
         r = bd.fmt_of(other.dtype)
         fmts.add(r)
-        c = own if _RANK[own] <= _RANK[r] else r
+        c = r if contains(own, r) else own  # the coarser (own where neither contains the other)
         (u_c, q_c), (u_r, q_r) = _unit(c), _unit(r)
         rho, tau = (u_f, q_f / 2) if r == own else (1.05 * (u_c + u_r), q_f + q_c + q_r)
 
@@ -82,7 +82,7 @@ def leaf_of(t: torch.Tensor, other: torch.Tensor | None, ref_fmts: set) -> Leaf:
             a, b = (t, other) if index is None else (t[index], other[index])
             return bd.leaf(a, b)
     else:
-        wide = [f for f in ref_fmts if f != own and _RANK[f] <= _RANK[own] and f != "float64"]
+        wide = [f for f in ref_fmts if f != own and not contains(f, own) and f != "float64"]
         fmts.update(wide)
         rho, tau = u_f, q_f / 2
         for c in wide:  # each format widens the box already widened by the ones before
@@ -143,10 +143,10 @@ def _leaves_agree(x: torch.Tensor, y: torch.Tensor) -> bool:
     if x.shape != y.shape:
         return False
     fx, fy = bd.fmt_of(x.dtype), bd.fmt_of(y.dtype)
-    c = fx if _RANK[fx] <= _RANK[fy] else fy
+    if not (contains(fx, fy) or contains(fy, fx)):
+        return False  # float16 beside bfloat16: neither rounds into the other
+    c = fy if contains(fx, fy) else fx
     dt = x.dtype if c == fx else y.dtype
-    if _RANK[fx] == _RANK[fy] and fx != fy:
-        return False
     a, b = x.detach().to(dt).cpu(), y.detach().to(dt).cpu()
     bits = _BITS[a.element_size()]  # equal bit patterns: equal values, or NaN in both
     if a.view(bits).numpy().tobytes() == b.view(bits).numpy().tobytes():

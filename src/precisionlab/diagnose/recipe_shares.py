@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import check_choice
 from ..quantize import RECIPES, Recipe
 from ..quantize import recipe as get_recipe
+from ..quantize_runs import sqnr_db
 from ..tables import Table, show, wrap
 from .report import fmt_share, short
 
@@ -29,7 +31,25 @@ SHARES = ("saturated", "underflowed", "subnormal")  # the shares a RecipeShares 
 
 @dataclass(frozen=True)
 class RecipeShares:
-    """One gradient tensor under one recipe: shares saturated/underflowed/subnormal and SQNR = 10 log10(sum g^2 / sum (g - deq)^2) dB."""
+    """One gradient tensor under one recipe: shares saturated/underflowed/subnormal and SQNR = 10 log10(sum g^2 / sum (g - deq)^2) dB.
+
+    Attributes
+    ----------
+    recipe : str
+        The recipe's name.
+    saturated : float or None
+        Share of the tensor's entries clipped at the element format's largest value (None
+        where the recipe does not apply; so are the next three).
+    underflowed : float or None
+        Share of entries nonzero in g that quantize to zero.
+    subnormal : float or None
+        Share of entries left subnormal in the element format.
+    sqnr_db : float or None
+        The signal-to-quantization-noise ratio in dB (inf when the quantized tensor
+        equals g).
+    skipped : str
+        Why the recipe does not apply to this tensor ("" where it does).
+    """
 
     recipe: str
     saturated: float | None = None  # None where the recipe does not apply (see skipped)
@@ -60,11 +80,8 @@ def recipe_shares(g: torch.Tensor, recipes: Sequence[Recipe]) -> dict[str, Recip
             out[r.name] = RecipeShares(r.name, skipped="inf/NaN entries: no finite scale")
             continue
         q = r(g32)
-        g64 = g32.to(torch.float64)
-        signal = float((g64 * g64).sum())
-        noise = float(((g64 - q.dequantize()) ** 2).sum())
-        # noise > 0 needs some g != q d, so g != 0 and signal > 0
-        sqnr = math.inf if noise == 0 else 10 * math.log10(signal / noise)
+        # an all-zero g quantizes to zeros: exact, inf dB (sqnr_db leaves 0 / 0 undefined)
+        sqnr = sqnr_db(g32, q.dequantize()) if bool(g32.any()) else math.inf
         out[r.name] = RecipeShares(r.name, q.saturated, q.underflowed, q.subnormal, sqnr)
     return out
 
@@ -99,8 +116,7 @@ def recipe_share(tensors: Sequence, recipes: Sequence[Recipe], what: str, recipe
     if name not in {r.name for r in recipes}:
         raise ValueError(f"unknown recipe {name!r}; the report has: "
                          f"{', '.join(r.name for r in recipes) or 'none'}")
-    if what not in SHARES:
-        raise ValueError(f"unknown share {what!r}; valid choices: {', '.join(SHARES)}")
+    check_choice(what, "share", SHARES)
     done = [(t.numel, t.recipes[name]) for t in tensors if t.recipes[name].applies]
     n = sum(k for k, _ in done)
     return sum(k * getattr(s, what) for k, s in done) / n if n else 0.0

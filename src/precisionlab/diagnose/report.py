@@ -27,20 +27,58 @@ __all__ = [
 
 
 class Report:
-    """A diagnosis result: `table()` (a `tables.Table`), text/HTML display, `plot(ax=None)`."""
+    """A diagnosis result: `table()` (a `tables.Table`), text/HTML display, `plot(ax=None)`.
+
+    Every report of the four diagnoses (GradientReport, MismatchReport, TriageReport,
+    DeterminismReport) is a frozen dataclass of plain data with these methods:
+    print(report) gives the summary and the table as text, a notebook shows them as HTML,
+    and report.plot() draws the result on a matplotlib Axes.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from precisionlab.diagnose import Report, gradients
+    >>> _ = torch.manual_seed(0)
+    >>> x = torch.full((2, 4), 1e-8)
+    >>> report = gradients(nn.Linear(4, 2), lambda out: out.sum(), x)
+    >>> isinstance(report, Report), report.title
+    (True, 'gradients in reduced precision')
+    >>> text = str(report)  # the same as report.to_text()
+    >>> text == report.summary() + "\\n" + report.table().to_text()
+    True
+    """
 
     title: str = ""
 
     def table(self) -> Table:  # pragma: no cover - every subclass defines it
-        """The result as rows of text cells."""
+        """The result as rows of text cells.
+
+        Returns
+        -------
+        Table
+            Headers and rows of strings; print it, or show it in a notebook as HTML.
+        """
         raise NotImplementedError
 
     def summary(self) -> str:
-        """One or two lines: the verdict of the diagnosis."""
+        """One or two lines: the verdict of the diagnosis.
+
+        Returns
+        -------
+        str
+            The lines ("" where a report has none).
+        """
         return ""
 
     def to_text(self) -> str:
-        """Summary lines, then the table as aligned text."""
+        """Summary lines, then the table as aligned text.
+
+        Returns
+        -------
+        str
+            What print(report) prints.
+        """
         head = self.summary()
         return (head + "\n" if head else "") + self.table().to_text()
 
@@ -57,7 +95,18 @@ class Report:
         p.text(self.to_text())
 
     def plot(self, ax=None):  # pragma: no cover - every subclass defines it
-        """Draw the result on ax (a new figure when None) and return ax."""
+        """Draw the result on ax (a new figure when None) and return ax.
+
+        Parameters
+        ----------
+        ax : matplotlib.axes.Axes or None, default None
+            The Axes to draw on; None draws on a new figure.
+
+        Returns
+        -------
+        matplotlib.axes.Axes
+            The Axes drawn on.
+        """
         raise NotImplementedError
 
 

@@ -366,7 +366,48 @@ def trace(fn, inputs, name: str = "the program", eager: bool = False) -> _Trace:
 
 @dataclass(frozen=True)
 class TriageReport(Report):
-    """triage()'s result: the verdict, every check in trace order, the operation to blame."""
+    """triage()'s result: the verdict, every check in trace order, the operation to blame.
+
+    Attributes
+    ----------
+    verdict : str
+        "Type-I" (every paired reference value is round-off the target may make) or
+        "Type-II" (some value is not: a bug in either program, or a kernel the model does
+        not fit).
+    checks : tuple of OpCheck
+        One per paired operation, in the target's trace order.
+    suspects : tuple of str
+        Unpaired target operations just before the first Type-II check (propagated, not
+        checked), with the argument that differs.
+    operations : int
+        Target operations traced.
+    paired : int
+        Operations checked against the reference.
+    kernels : tuple
+        (operation, kernel description) for each declared kernel used.
+    branches : int
+        Python branches the two programs took on tensor values (bool(x > 0), ...).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from precisionlab.diagnose import triage
+    >>> _ = torch.manual_seed(0)
+    >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    >>> x = torch.randn(3, 8)
+    >>> report = triage(model, lambda z: model(z) + 0.01, x)
+    >>> for c in report.checks:
+    ...     print(f"#{c.index} {c.op}: {c.verdict}, {c.outside} of {c.numel}")
+    #0 0: linear#0: Type-I, 0 of 48
+    #1 1: relu#0: Type-I, 0 of 48
+    #2 2: linear#0: Type-I, 0 of 12
+    #3 add#0: Type-II, 12 of 12
+    >>> report.blamed is report.deciding, report.blamed.widths_outside > 1000
+    (True, True)
+    >>> print(report.summary().splitlines()[1])
+    blamed: #3 add#0 (12 of 12 reference values outside)
+    """
 
     verdict: str
     checks: tuple
@@ -396,7 +437,16 @@ class TriageReport(Report):
         return tuple(c for c in self.checks if c.self_outside)
 
     def summary(self) -> str:
-        """The verdict, where, and by how much."""
+        """The verdict, where, and by how much.
+
+        Returns
+        -------
+        str
+            The verdict and the counts; for Type-II the blamed operation, its worst element
+            and how many bound widths outside it lies, and the unchecked operations before
+            it; for Type-I the check closest to an edge; warnings when the kernel model was
+            exceeded or the programs branched on tensor values.
+        """
         lines = [f"{self.verdict}: {self.operations} target operations traced, {self.paired} "
                  f"checked against the reference"]
         b = self.blamed
@@ -426,7 +476,19 @@ class TriageReport(Report):
         return "\n".join(lines)
 
     def table(self, limit: int = 16) -> Table:
-        """One row per check (Type-II first, then the tightest): op, verdict, outside, margin/width."""
+        """One row per check (Type-II first, then the tightest): op, verdict, outside, margin/width.
+
+        Parameters
+        ----------
+        limit : int, default 16
+            The most checks shown; a last row says how many were left out.
+
+        Returns
+        -------
+        Table
+            Columns op (the trace index), where, verdict, outside (entries outside / all),
+            margin and width at the worst element.
+        """
         bad = [c for c in self.checks if c.verdict == "Type-II"]
         good = sorted((c for c in self.checks if c.verdict != "Type-II"),
                       key=lambda c: (c.exact, c.score))
@@ -436,7 +498,18 @@ class TriageReport(Report):
                      rows_fit(rows, limit))
 
     def plot(self, ax=None):
-        """Per checked operation: the reference's margin in half-widths of the bound (below 0: outside)."""
+        """Per checked operation: the reference's margin in half-widths of the bound (below 0: outside).
+
+        Parameters
+        ----------
+        ax : matplotlib.axes.Axes or None, default None
+            The Axes to draw on; None draws on a new figure.
+
+        Returns
+        -------
+        matplotlib.axes.Axes
+            The Axes drawn on (a symlog y axis; Type-II checks marked with crosses).
+        """
         ax = new_axes(ax)
         x = np.array([c.index for c in self.checks])
         s = np.array([c.margin / (c.width / 2) if c.width > 0 else (1.0 if c.margin >= 0 else -1e9)
@@ -517,6 +590,68 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
     "module.path:name#k", a module path or an operation name; the rest are order-oblivious
     with float32 accumulation. An operation without an interval rule raises
     UnsupportedOperation naming it.
+
+    Parameters
+    ----------
+    reference : torch.nn.Module or callable
+        The program trusted to be right (a float32 or float64 model, the original code);
+        reference(*inputs) returns a tensor or a tuple or list of tensors.
+    target : torch.nn.Module or callable
+        The program under suspicion (a low-precision copy, a fused or rewritten kernel),
+        returning outputs of the reference's shapes.
+    inputs : torch.Tensor or tuple
+        The inputs both programs run on: a tensor, or a non-empty tuple or list of
+        positional inputs.
+    kernels : mapping or None, default None
+        {key: precisionlab.intervals.Kernel} for matrix products whose kernel (summation
+        order, accumulator, tensor core) is known, keyed by "module.path:name#k" (one
+        call), a module path (every matmul in that module) or an operation name ("linear").
+        None bounds every matmul for any order with float32 accumulation.
+
+    Returns
+    -------
+    TriageReport
+        The verdict ("Type-I" or "Type-II"), every check in trace order, the blamed
+        operation and the unchecked operations just before it.
+
+    Raises
+    ------
+    ValueError
+        If reference or target is not callable, kernels is not a mapping to Kernel,
+        inputs is not a tensor or a tuple, or the two programs return outputs of different
+        shapes.
+    UnsupportedOperation
+        If the target runs an operation no interval rule bounds (`supported` lists those
+        that have one), or takes a float value out of torch (item, tolist, float).
+
+    Examples
+    --------
+    A bfloat16 copy of a float32 model differs from it by round-off (Type-I); adding 0.01
+    to the output is a bug, blamed on the add:
+
+    >>> import copy
+    >>> import torch
+    >>> from torch import nn
+    >>> from precisionlab.diagnose import triage
+    >>> _ = torch.manual_seed(0)
+    >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    >>> x = torch.randn(3, 8)
+    >>> low = copy.deepcopy(model).to(torch.bfloat16)
+    >>> report = triage(model, lambda z: low(z.to(torch.bfloat16)), x)
+    >>> report.verdict, report.operations, report.paired
+    ('Type-I', 4, 3)
+    >>> report = triage(model, lambda z: model(z) + 0.01, x)
+    >>> report.verdict, report.blamed.op, report.blamed.outside
+    ('Type-II', 'add#0', 12)
+
+    An operation without an interval rule stops the triage with its name:
+
+    >>> from precisionlab.diagnose import UnsupportedOperation
+    >>> try:
+    ...     triage(model, lambda z: model(z).cumprod(0), x)
+    ... except UnsupportedOperation as error:
+    ...     print(str(error).split(";")[0])
+    triage cannot bound operation #3 'cumprod'
     """
     for nm, f in (("reference", reference), ("target", target)):
         if not callable(f):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
+
+from ..checks import check_integer
 
 __all__ = ["fake_quantize"]
 
@@ -37,8 +38,7 @@ def fake_quantize(x: torch.Tensor, scale: float, zero_point: int = 0, quant_min:
     if not (math.isfinite(s) and s > 0):
         raise ValueError(f"scale must be a finite number > 0; got scale={scale!r}")
     for name, v in (("zero_point", zero_point), ("quant_min", quant_min), ("quant_max", quant_max)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise ValueError(f"{name} must be an integer; got {name}={v!r}")
+        check_integer(v, name)
     if not quant_min <= zero_point <= quant_max:
         raise ValueError(f"need quant_min <= zero_point <= quant_max; got quant_min={quant_min}, "
                          f"zero_point={zero_point}, quant_max={quant_max}")

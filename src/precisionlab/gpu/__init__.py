@@ -15,7 +15,8 @@ Submodules, one concept each:
 * `leaf_depths`: the roundings on each summand's path through a kernel's summation tree.
 """
 
-from .arith import RoundedAdder, as_float64, round_float64, rounded_add
+from ..exact import as_float64
+from .arith import RoundedAdder, round_float64, rounded_add
 from .bias import BinadeSplit, add_errors_by_binade
 from .decisions import boundary_terms, decision_margin, flip_probability
 from .kernel import KERNEL_ORDERS, Kernel, promote, run_matmul, run_sum

@@ -21,11 +21,11 @@ from __future__ import annotations
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..exact import as_float64, two_sum
 from ..formats import FloatFormat, get_format
 from ..rounding import check_mode, round_to, seed_generator
 
-__all__ = ["RoundedAdder", "as_float64", "progress", "round_float64", "round_to_odd", "rounded_add",
-           "two_sum"]
+__all__ = ["RoundedAdder", "progress", "round_float64", "round_to_odd", "rounded_add"]
 
 # About this many simulated adds take a few seconds on two cores: beyond it, show a bar.
 PROGRESS_WORK = 200_000_000
@@ -38,15 +38,6 @@ def progress(steps: range, work: int, desc: str):
     return tqdm(steps, desc=desc, leave=False)
 
 
-def two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(s, e) with s = fl64(a + b) and s + e = a + b exactly (Knuth's TwoSum, no overflow)."""
-    s = a + b
-    with np.errstate(invalid="ignore"):  # inf - inf when a sum is infinite: e is NaN there
-        bv = s - a
-        e = (a - (s - bv)) + (b - bv)
-    return s, e
-
-
 def round_to_odd(s: np.ndarray, e: np.ndarray) -> np.ndarray:
     """RO(s + e) in float64: s if e = 0 (or s is inf/NaN), else whichever of s and its neighbour toward e is odd."""
     odd = (s.view(np.int64) & 1) == 1
@@ -54,13 +45,6 @@ def round_to_odd(s: np.ndarray, e: np.ndarray) -> np.ndarray:
         toward = np.nextafter(s, np.where(e > 0, np.inf, -np.inf))
         keep = (e == 0) | odd | ~np.isfinite(s)
     return np.where(keep, s, toward)
-
-
-def as_float64(x) -> np.ndarray:
-    """x as a float64 NumPy array (a torch tensor detached, moved to the CPU and widened exactly)."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().double().numpy()
-    return np.asarray(x, dtype=np.float64)
 
 
 def round_float64(x, fmt: str | FloatFormat, mode: str = "nearest_even") -> np.ndarray:

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..exact import as_float64, two_sum
 from ..formats import FloatFormat, get_format
 from ..rounding import round_to
-from .arith import RoundedAdder, two_sum
+from .arith import RoundedAdder
 from .reductions import exact_sum
 
 __all__ = ["BinadeSplit", "add_errors_by_binade"]
@@ -61,8 +62,7 @@ def add_errors_by_binade(x, orders, acc: str | FloatFormat = "bfloat16",
     nearest even. band_edges: increasing edges, from 0, of |t| / ulp(binade) for the band split.
     """
     fmt = get_format(acc)
-    xa = np.asarray(x.detach().cpu().double().numpy() if hasattr(x, "detach") else x,
-                    dtype=np.float64)
+    xa = as_float64(x)
     if xa.ndim != 1 or xa.size == 0 or not np.all(np.isfinite(xa)):
         raise ValueError(f"x must be a non-empty 1-D array of finite values; got shape {xa.shape}")
     o = np.asarray(orders)

@@ -6,13 +6,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..checks import check_choice
+from ..checks import check_choice, check_positive_int
 from ..formats import FloatFormat, get_format
 from ..rounding import MODES, seed_generator
 from .arith import round_float64
 from .matmul import matmul as profile_matmul
 from .profiles import DeviceProfile, get_profile
-from .reductions import positive_int, reduce_sum
+from .reductions import reduce_sum
 from .tensorcore import TENSOR_CORE_MODELS, get_tensor_core_model, tensor_core_matmul
 
 __all__ = ["KERNEL_ORDERS", "Kernel", "promote", "run_matmul", "run_sum"]
@@ -113,7 +113,7 @@ class Kernel:
                 raise ValueError(f"{name} applies to order {' or '.join(orders)}; got {name}={v!r} "
                                  f"with order={self.order!r}")
             elif name != "model":
-                positive_int(v, name)
+                check_positive_int(v, name)
         if self.threads is not None and (self.threads % 32 or self.threads > 1024):
             raise ValueError(f"threads must be a multiple of 32, at most 1024; got threads={self.threads}")
         if not isinstance(self.fused, (bool, np.bool_)):
@@ -139,7 +139,7 @@ class Kernel:
         except ValueError:
             raise ValueError(f"unknown model {self.model!r} (tensor-core model); valid choices: "
                              f"{', '.join(TENSOR_CORE_MODELS)}") from None
-        takes = getattr(m, "inputs", ("float16", "bfloat16", "tf32"))
+        takes = m.inputs
         if self.inputs not in takes:
             raise ValueError(f"the {m.name} tensor_core kernel needs inputs= one of "
                              f"{', '.join(takes)}; got inputs={self.inputs!r}")
@@ -200,7 +200,7 @@ class Kernel:
         if p.promote_every is not None or p.saturate:
             raise ValueError(f"profile {p.name!r} promotes or saturates; bounds cover profiles without "
                              "either (fp32, tf32, tf32-raw, bf16, fp16, fp16-acc16)")
-        splits = positive_int(splits, "splits")
+        splits = check_positive_int(splits, "splits")
         return cls(order="split_k" if splits > 1 else "sequential", acc=p.accumulator_format.name,
                    out=p.output, inputs=p.inputs, input_mode=p.input_mode, mode=p.acc_mode,
                    splits=splits if splits > 1 else None, fused=True,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checks import check_positive_int
 from .kernel import Kernel
-from .reductions import positive_int
 from .tensorcore import get_tensor_core_model
 
 __all__ = ["leaf_depths", "sequential_depths"]
@@ -45,7 +45,7 @@ def leaf_depths(n: int, kernel: Kernel) -> dict[str, np.ndarray]:
     the whole sum), "partial" (the rounding of the tile result), "combine" (adds between tiles),
     "warp" (the two 5-level shuffle trees of order="warp"), "block_fma" (tensor-core blocks).
     """
-    n = positive_int(n, "n")
+    n = check_positive_int(n, "n")
     k = kernel
     idx = np.arange(n)
     if k.order in ("sequential",):

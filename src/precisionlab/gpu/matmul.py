@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checks import check_positive_int
+from ..exact import as_float64
 from ..rounding import round_to, seed_generator
-from .arith import RoundedAdder, as_float64, progress
+from .arith import RoundedAdder, progress
 from .profiles import DeviceProfile, get_profile
-from .reductions import positive_int
 
 __all__ = ["matmul", "round_operands"]
 
@@ -51,7 +52,7 @@ def matmul(a, b, profile: str | DeviceProfile = "fp32", *, splits: int = 1,
     B = _as_matrix(b, "b")
     if A.shape[1] != B.shape[0]:
         raise ValueError(f"inner dimensions differ: a is {A.shape}, b is {B.shape}")
-    splits = positive_int(splits, "splits")
+    splits = check_positive_int(splits, "splits")
     if p.acc_mode == "stochastic" and seed is None:
         raise ValueError(f"profile {p.name!r} rounds stochastically: pass seed=<int>; got seed=None")
     m, k = A.shape

@@ -11,6 +11,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
+from ..checks import check_choice
 from ..formats import FloatFormat, get_format
 from ..rounding import MODES
 
@@ -60,8 +61,7 @@ class DeviceProfile:
 
     def __post_init__(self):
         for mode in (self.input_mode, self.acc_mode):
-            if mode not in MODES:
-                raise ValueError(f"unknown rounding mode {mode!r}; valid choices: {', '.join(MODES)}")
+            check_choice(mode, "rounding mode", MODES)
         if self.promote_every is not None and self.promote_every < 1:
             raise ValueError(f"promote_every must be a positive integer or None; got {self.promote_every!r}")
 

@@ -32,6 +32,7 @@ import math
 import numba
 import numpy as np
 
+from ..checks import check_choice, check_positive_int
 from ..formats import FloatFormat, get_format
 from ..rounding import round_to, seed_generator
 from .arith import RoundedAdder, progress
@@ -42,7 +43,6 @@ __all__ = [
     "WARP_SIZE",
     "atomic_orders",
     "exact_sum",
-    "positive_int",
     "reduce_sum",
 ]
 
@@ -93,15 +93,6 @@ def _gather_transposed(src, perms, out):
 # --------------------------------------------------------------------------- helpers
 
 
-def positive_int(value, name: str, upper: int | None = None) -> int:
-    """int(value) for an integer 1 <= value (<= upper if given), else ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {name}={value!r}")
-    if upper is not None and value > upper:
-        raise ValueError(f"{name} must be at most {upper}; got {name}={value!r}")
-    return int(value)
-
-
 _ORDER_CHUNK = 1 << 20  # random draws per chunk of lanes: bounds the float64 scratch memory
 
 
@@ -121,8 +112,8 @@ def atomic_orders(lanes: int, m: int, *, seed: int) -> np.ndarray:
     reduce_sum(order="atomic", seed=seed) draws its orders exactly this way (from
     np.random.default_rng(seed)), so the same seed gives the same orders (the tests rely on it).
     """
-    lanes = positive_int(lanes, "lanes")
-    m = positive_int(m, "m")
+    lanes = check_positive_int(lanes, "lanes")
+    m = check_positive_int(m, "m")
     gen = seed_generator(seed)
     return np.concatenate([p for _, p in _order_chunks(lanes, m, gen)])
 
@@ -217,13 +208,12 @@ def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
     Returns a float64 array of shape x.shape[:-1] (a float64 scalar for 1-D x) whose values
     are values of `out`.
     """
-    if order not in ORDERS:
-        raise ValueError(f"unknown order {order!r}; valid choices: {', '.join(ORDERS)}")
+    check_choice(order, "order", ORDERS)
     acc_fmt = get_format(acc)
     out_fmt = acc_fmt if out is None else get_format(out)
-    block = positive_int(block, "block")
-    splits = positive_int(splits, "splits")
-    threads = positive_int(threads, "threads", upper=1024)
+    block = check_positive_int(block, "block")
+    splits = check_positive_int(splits, "splits")
+    threads = check_positive_int(threads, "threads", upper=1024)
     if threads % WARP_SIZE:
         raise ValueError(f"threads must be a multiple of {WARP_SIZE}; got threads={threads}")
     if seed is None and (order == "atomic" or mode == "stochastic"):

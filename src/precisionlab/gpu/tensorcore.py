@@ -149,8 +149,7 @@ def block_fma(a, b, c, model: str | TensorCoreModel = "V100", inputs: str = "flo
     """
     m = get_tensor_core_model(model)
     inputs = _check_inputs(m, inputs, operands)
-    if out not in _OUTPUTS:
-        raise ValueError(f"unknown tensor-core output {out!r}; valid choices: {', '.join(_OUTPUTS)}")
+    check_choice(out, "tensor-core output", _OUTPUTS)
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     c = np.asarray(c, dtype=np.float64)
@@ -199,8 +198,7 @@ def tensor_core_matmul(a, b, c=None, model: str | TensorCoreModel = "V100",
     if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
         raise ValueError(f"need a (m, k) and b (k, n); got shapes {A.shape} and {B.shape}")
     d = np.zeros((A.shape[0], B.shape[1])) if c is None else np.asarray(c, dtype=np.float64)
-    if out not in _OUTPUTS:
-        raise ValueError(f"unknown tensor-core output {out!r}; valid choices: {', '.join(_OUTPUTS)}")
+    check_choice(out, "tensor-core output", _OUTPUTS)
     d = np.asarray(round_to(d, out), dtype=np.float64)
     for k0 in range(0, A.shape[1], m.block):
         blk = slice(k0, k0 + m.block)

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checks import check_choice, check_nonnegative
+from ..checks import check_choice, check_nonnegative, check_positive_int
 from ..formats import get_format
 from ..gpu import Kernel, as_float64, promote, round_float64
-from ..gpu.reductions import positive_int
 from .bounds import matmul
 from .corpus import uniform_data
 from .interval import Interval, point
@@ -110,7 +109,7 @@ def injected_bug(k: int = 1024, fmt: str = "float32", bug: float = 0.0, m: int =
     """C = A B by BUG_KERNELS[fmt] plus bug * mean|C| at C[0, 0], against a float64 reference:
     the interval (target bound vs reference point), the order-oblivious rule, high-precision re-execution."""
     fmt = check_choice(get_format(fmt).name, "format", tuple(BUG_KERNELS))
-    k = positive_int(k, "k")
+    k = check_positive_int(k, "k")
     bug = check_nonnegative(bug, "bug", " (a fraction of mean |C|)")
     kernel = BUG_KERNELS[fmt]
     a = uniform_data((m, k), seed, "float32")

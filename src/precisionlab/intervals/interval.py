@@ -23,7 +23,43 @@ RULES: tuple[str, ...] = ("structure", "oblivious")
 
 
 class Interval:
-    """Elementwise bounds lo <= x <= hi (extended reals) and a may-be-NaN flag, with the target's executed value and the rule in force."""
+    """Elementwise bounds lo <= x <= hi (extended reals) and a may-be-NaN flag, with the target's executed value and the rule in force.
+
+    The package's operations (add, mul, cast, softmax, sum_, matmul, ...) take Intervals
+    or arrays: on arrays they execute, on Intervals they bound every result the operation
+    could give, rounding outward. Build the inputs with `point` (an exact input) or `hull`
+    (two programs' values).
+
+    Parameters
+    ----------
+    lo, hi : float or array_like
+        Lower and upper bounds (float64, broadcast to one shape); lo <= hi elementwise,
+        except lo = +inf, hi = -inf, the empty range (NaN only). A NaN bound makes that
+        side unbounded and sets the NaN flag.
+    value : float or array_like or None, default None
+        The target's executed value, carried through the operations (None: no value).
+    rule : {"structure", "oblivious"}, default "structure"
+        How sums and matmuls downstream are bounded: with the kernel's summation tree, or
+        for any order (`RULES`).
+    nan : bool or array_like or None, default None
+        Where the result may be NaN (None: nowhere, except where lo or hi is NaN).
+
+    Raises
+    ------
+    ValueError
+        If some lo exceeds its hi (other than the empty range), or rule is unknown.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Interval
+    >>> x = Interval([0.0, 1.0], [0.5, 2.0])
+    >>> x
+    Interval(shape=(2,), rule='structure', max width=1)
+    >>> x.mid.tolist(), x.contains([0.25, 3.0]).tolist()
+    ([0.25, 1.5], [True, False])
+    >>> x.width.tolist()  # hi - lo rounded up: a width is a bound too
+    [0.5000000000000001, 1.0000000000000002]
+    """
 
     __slots__ = ("hi", "lo", "nan", "rule", "value")
 
@@ -87,7 +123,18 @@ class Interval:
         return self.transpose()
 
     def with_rule(self, rule: str) -> Interval:
-        """The same bounds, with sums and matmuls downstream bounded by `rule`."""
+        """The same bounds, with sums and matmuls downstream bounded by `rule`.
+
+        Parameters
+        ----------
+        rule : {"structure", "oblivious"}
+            The rule to carry on.
+
+        Returns
+        -------
+        Interval
+            A copy with that rule.
+        """
         return Interval(self.lo, self.hi, self.value, rule, self.nan)
 
     # ------------------------------------------------------------------ queries
@@ -115,7 +162,18 @@ class Interval:
             return self.lo / 2 + self.hi / 2
 
     def contains(self, y) -> np.ndarray:
-        """lo <= y <= hi elementwise, or y is NaN where the bound may be NaN."""
+        """lo <= y <= hi elementwise, or y is NaN where the bound may be NaN.
+
+        Parameters
+        ----------
+        y : float or array_like
+            Values broadcastable to the interval's shape.
+
+        Returns
+        -------
+        numpy.ndarray
+            A bool array: where y lies in the bound.
+        """
         y = as_float64(y)
         return ((self.lo <= y) & (y <= self.hi)) | (np.isnan(y) & self.nan)
 
@@ -126,13 +184,58 @@ class Interval:
 
 
 def point(x, rule: str = "structure") -> Interval:
-    """[x, x]: the exact input, also the executed value (NaN entries: NaN only)."""
+    """[x, x]: the exact input, also the executed value (NaN entries: NaN only).
+
+    Parameters
+    ----------
+    x : float or array_like
+        The input values.
+    rule : {"structure", "oblivious"}, default "structure"
+        The rule sums and matmuls downstream are bounded with.
+
+    Returns
+    -------
+    Interval
+        Zero width, with x as its executed value.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import add, point
+    >>> a = point([0.1, 0.2])
+    >>> s = add(a, a, "float16")  # every float16 rounding of a + a
+    >>> s.lo.tolist(), s.hi.tolist()
+    ([0.199951171875, 0.39990234375], [0.2000732421875, 0.400146484375])
+    >>> s.value.tolist()  # what float16 addition gives
+    [0.199951171875, 0.39990234375]
+    """
     x = as_float64(x)
     return Interval(x, x, x, rule)
 
 
 def hull(a, b, value=None, rule: str = "structure") -> Interval:
-    """[min(a, b), max(a, b)] elementwise, NaN where either is NaN: the union of two programs' values; `value` defaults to a."""
+    """[min(a, b), max(a, b)] elementwise, NaN where either is NaN: the union of two programs' values; `value` defaults to a.
+
+    Parameters
+    ----------
+    a, b : float or array_like
+        The two programs' values (the target's first), broadcast to one shape.
+    value : float or array_like or None, default None
+        The executed value carried on; None takes a.
+    rule : {"structure", "oblivious"}, default "structure"
+        The rule sums and matmuls downstream are bounded with.
+
+    Returns
+    -------
+    Interval
+        The hull, with the may-be-NaN flag where a or b is NaN.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import hull
+    >>> h = hull([1.0, 2.0], [1.5, 1.0])
+    >>> h.lo.tolist(), h.hi.tolist(), h.value.tolist()
+    ([1.0, 1.0], [1.5, 2.0], [1.0, 2.0])
+    """
     a, b = as_float64(a), as_float64(b)
     nan = np.isnan(a) | np.isnan(b)
     return Interval(np.fmin(a, b), np.fmax(a, b), a if value is None else value, rule, nan)

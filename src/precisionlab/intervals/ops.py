@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..checks import check_nonnegative
-from ..formats import get_format
+from ..formats import contains, get_format
 from ..gpu import as_float64, round_float64, rounded_add
 from ..rounding import check_mode
 from .interval import Interval, any_interval, canonical, paired_value, parts_of, rule_of
@@ -54,15 +54,45 @@ def check_ulps(ulps, op: str) -> float:
 
 
 def cast(x, fmt, mode: str = "nearest_even", src=None):
-    """fl_fmt(x); on intervals [RD_fmt(lo), RU_fmt(hi)], and exactly x when src's values all lie in fmt (a cast up)."""
+    """fl_fmt(x); on intervals [RD_fmt(lo), RU_fmt(hi)], and exactly x when src's values all lie in fmt (a cast up).
+
+    Parameters
+    ----------
+    x : float or array_like or Interval
+        The values to cast, or their bound.
+    fmt : str or FloatFormat
+        The target format, as `formats.get_format` accepts it.
+    mode : {"nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic"}, default "nearest_even"
+        The rounding mode of the executed cast (the bound holds for every mode).
+    src : str or FloatFormat or None, default None
+        The format x's values are in; when every value of src is a value of fmt, an
+        Interval comes back unchanged.
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        fl(x) in float64 for an array; for an Interval, its bound after the cast.
+
+    Raises
+    ------
+    ValueError
+        If fmt, src or mode is unknown.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import cast, point
+    >>> float(cast(0.1, "bfloat16"))
+    0.10009765625
+    >>> b = cast(point(0.1), "bfloat16")
+    >>> float(b.lo), float(b.hi), float(b.value)
+    (0.099609375, 0.10009765625, 0.10009765625)
+    """
     f = get_format(fmt)
     check_mode(mode, stochastic=True)
     if not isinstance(x, Interval):
         return round_float64(x, f, mode)
-    if src is not None:
-        s = get_format(src)
-        if s.mantissa_bits <= f.mantissa_bits and s.emax <= f.emax and s.min_subnormal >= f.min_subnormal:
-            return x  # every value of src is a value of fmt: the cast is exact
+    if src is not None and contains(f, src):
+        return x  # every value of src is a value of fmt: the cast is exact
     lo, hi = round_out(x.lo, x.hi, f)
     v = None if x.value is None else round_float64(x.value, f, mode)
     return canonical(lo, hi, x.nan, v, x.rule)
@@ -79,7 +109,39 @@ def _sum_ends(alo, blo, sign: int):
 
 
 def add(a, b, fmt="float32", ulps=None):
-    """fl(a + b) in fmt; on intervals [a_lo + b_lo, a_hi + b_hi] rounded outward by the add budget, NaN where +inf meets -inf."""
+    """fl(a + b) in fmt; on intervals [a_lo + b_lo, a_hi + b_hi] rounded outward by the add budget, NaN where +inf meets -inf.
+
+    Parameters
+    ----------
+    a, b : float or array_like or Interval
+        The operands (arrays execute, an Interval is bounded); broadcast to one shape.
+    fmt : str or FloatFormat, default "float32"
+        The result's format.
+    ulps : float or None, default None
+        The error budget in ulps of fmt; None takes ULP_BUDGETS["add"], 0.5 (correctly
+        rounded).
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        fl(a + b) in float64 when neither operand is an Interval, else the bound (with the
+        executed value when both operands carry one).
+
+    Raises
+    ------
+    ValueError
+        If fmt is unknown, ulps is not a finite number >= 0, or the operands carry
+        different rules.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Interval, add
+    >>> float(add(0.1, 0.2, "float16"))
+    0.300048828125
+    >>> s = add(Interval(1.0, 2.0), 0.5, "float16")
+    >>> float(s.lo), float(s.hi)  # [1.5, 2.5], widened by the budget
+    (1.4990234375, 2.501953125)
+    """
     u = check_ulps(ulps, "add")
     if not any_interval(a, b):
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf is NaN, as IEEE says
@@ -107,7 +169,35 @@ def sub(a, b, fmt="float32", ulps=None):
 
 
 def mul(a, b, fmt="float32", ulps=None):
-    """fl(a b) in fmt; on intervals the corner products [min, max] rounded outward by the mul budget, NaN where 0 meets inf."""
+    """fl(a b) in fmt; on intervals the corner products [min, max] rounded outward by the mul budget, NaN where 0 meets inf.
+
+    Parameters
+    ----------
+    a, b : float or array_like or Interval
+        The operands (arrays execute, an Interval is bounded); broadcast to one shape.
+    fmt : str or FloatFormat, default "float32"
+        The result's format.
+    ulps : float or None, default None
+        The error budget in ulps of fmt; None takes ULP_BUDGETS["mul"], 0.5.
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        fl(a b) in float64 when neither operand is an Interval, else the bound.
+
+    Raises
+    ------
+    ValueError
+        If fmt is unknown, ulps is not a finite number >= 0, or the operands carry
+        different rules.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Interval, mul
+    >>> p = mul(Interval(-1.0, 2.0), Interval(3.0, 4.0), "float16")
+    >>> float(p.lo), float(p.hi)  # the corners -4 and 8, widened
+    (-4.00390625, 8.0078125)
+    """
     u = check_ulps(ulps, "mul")
     if not any_interval(a, b):
         with np.errstate(invalid="ignore", over="ignore"):

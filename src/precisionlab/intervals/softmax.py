@@ -191,7 +191,44 @@ def _f64_slack(lo, hi, fmt: str):
 
 def softmax(x, fmt="float32", ulps=None):
     """softmax over the last axis, computed in float64 and rounded once to fmt; on intervals the
-    monotone bound [1/(1 + sum_(j!=i) e^(hi_j - lo_i)), 1/(1 + sum_(j!=i) e^(lo_j - hi_i))] widened by the budget."""
+    monotone bound [1/(1 + sum_(j!=i) e^(hi_j - lo_i)), 1/(1 + sum_(j!=i) e^(lo_j - hi_i))] widened by the budget.
+
+    Rows may hold -inf (a masked logit: probability exactly 0); a row that holds +inf or
+    only -inf may be NaN.
+
+    Parameters
+    ----------
+    x : array_like or Interval
+        Logits, the softmax taken over the last axis.
+    fmt : str or FloatFormat, default "float32"
+        The result's format.
+    ulps : float or None, default None
+        The error budget in ulps of fmt; None takes ULP_BUDGETS["softmax"], 1.
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        The probabilities in float64 for an array; for an Interval, their bound, within
+        [0, 1].
+
+    Raises
+    ------
+    ValueError
+        If fmt is unknown or ulps is not a finite number >= 0.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import Interval, softmax
+    >>> logits = np.array([[1.0, 2.0, 3.0]])
+    >>> bound = softmax(Interval(logits - 0.01, logits + 0.01))
+    >>> bool(bound.contains(softmax(logits)).all())
+    True
+    >>> bool(bound.contains(softmax(logits + [0.01, 0.0, -0.01])).all())
+    True
+    >>> bool((bound.hi - bound.lo < 0.02).all())
+    True
+    """
     u = check_ulps(ulps, "softmax")
     if not isinstance(x, Interval):
         return round_float64(_softmax64(as_float64(x)), fmt)

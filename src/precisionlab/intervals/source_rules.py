@@ -14,10 +14,9 @@ import math
 
 import numpy as np
 
-from ..checks import check_nonnegative
+from ..checks import check_nonnegative, check_positive_int
 from ..formats import get_format
 from ..gpu import as_float64, round_float64
-from ..gpu.reductions import positive_int
 from .interval import Interval
 
 
@@ -33,7 +32,7 @@ def source_charge(x, w, eps_tile: float, tile: int = 256, out="float16") -> Inte
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
         raise ValueError(f"source_charge needs x (m, k) and w (k, n); got shapes {x.shape} "
                          f"and {w.shape}")
-    tile = positive_int(tile, "tile")
+    tile = check_positive_int(tile, "tile")
     if x.shape[1] % tile:
         raise ValueError(f"tile must divide k = {x.shape[1]} (the tiles are whole); "
                          f"got tile={tile}")

@@ -31,7 +31,32 @@ ASSERT_CLOSE_TOLERANCES: dict[str, tuple[float, float]] = {
 
 @dataclass(frozen=True)
 class Layer:
-    """One step of a program: `run` executes it on arrays; `bound` on intervals (default: run, written with this module's ops)."""
+    """One step of a program: `run` executes it on arrays; `bound` on intervals (default: run, written with this module's ops).
+
+    A program is a list of layers; `classify` and `propagate` also accept bare callables,
+    named after their __name__.
+
+    Parameters
+    ----------
+    name : str
+        The layer's name in the verdict.
+    run : callable
+        run(x) -> the layer's output for an array x. Written with the package's operations
+        (add, mul, matmul, softmax, ...), the same function also bounds an Interval.
+    bound : callable or None, default None
+        bound(interval) -> Interval, where run cannot take an Interval; None uses run.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import Layer, mul, point
+    >>> double = Layer("double", lambda v: mul(v, 2.0, "float16"))
+    >>> double.execute(np.array([0.3])).tolist()
+    [0.60009765625]
+    >>> b = double.interval(point([0.3]))
+    >>> b.lo.tolist(), b.hi.tolist()
+    ([0.599609375], [0.60009765625])
+    """
 
     name: str
     run: Callable
@@ -96,7 +121,45 @@ def _check_shapes(layers, t_outs, r_outs, start: int, end: int) -> None:
 
 def propagate(target, x, reference_outputs: Sequence | None = None, rule: str = "structure",
               start: int = 0, end: int | None = None) -> list[Interval]:
-    """Bounds of layers start..end-1 of target, each from hull(target's, reference's previous outputs)."""
+    """Bounds of layers start..end-1 of target, each from hull(target's, reference's previous outputs).
+
+    Parameters
+    ----------
+    target : Layer or callable or sequence
+        The program: a Layer, a callable, or a sequence of them.
+    x : float or array_like
+        The program's input (layer 0 starts from point(x)).
+    reference_outputs : sequence of array_like or None, default None
+        The reference's output of each layer (at least the first end - 1); None bounds the
+        target from its own outputs.
+    rule : {"structure", "oblivious"}, default "structure"
+        How sums and matmuls inside the layers are bounded.
+    start : int, default 0
+        The first layer bounded.
+    end : int or None, default None
+        One past the last layer bounded; None: every layer.
+
+    Returns
+    -------
+    list of Interval
+        One bound per layer start .. end - 1.
+
+    Raises
+    ------
+    ValueError
+        If rule is unknown, start or end is out of range, reference_outputs lists too few
+        layers or one of another shape than the target's, or a layer returns no Interval.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import add, mul, propagate
+    >>> program = [lambda v: mul(v, 2.0, "float16"),
+    ...            lambda v: add(v, 0.1, "float16")]
+    >>> bounds = propagate(program, np.array([0.3, 0.7]))
+    >>> len(bounds), bounds[1].lo.tolist(), bounds[1].hi.tolist()
+    (2, [0.69970703125, 1.5], [0.7001953125, 1.5009765625])
+    """
     check_choice(rule, "rule", RULES)
     layers = as_layers(target)
     start, end = _span(len(layers), start, end)
@@ -147,7 +210,19 @@ class LayerCheck:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Type-I (round-off) or Type-II (bug), the rule it used, and every analysed layer's check."""
+    """Type-I (round-off) or Type-II (bug), the rule it used, and every analysed layer's check.
+
+    Attributes
+    ----------
+    verdict : str
+        "Type-I" or "Type-II".
+    rule : str
+        "structure" or "oblivious".
+    layers : tuple of LayerCheck
+        Per analysed layer: its name, verdict, the worst element's index, margin (negative:
+        outside), bound and both programs' values there, and the elements non-finite in
+        one program only. Printing a check gives one line.
+    """
 
     verdict: str
     rule: str
@@ -249,6 +324,59 @@ def classify(target, reference, x, rule: str = "structure", reference_rule: str 
     test); "structure"/"oblivious" bounds the reference program too (its layers must accept
     intervals) and asks only that the two bounds overlap, which stays sound when the reference
     has round-off of its own. Non-finite values compare by identity (see the module docstring).
+
+    Parameters
+    ----------
+    target : Layer or callable or sequence
+        The program under suspicion, as layers.
+    reference : Layer or callable or sequence or numpy.ndarray
+        The reference program (run on x), a list of every layer's reference output, or the
+        last layer's output alone.
+    x : float or array_like
+        The input both programs run on.
+    rule : {"structure", "oblivious"}, default "structure"
+        How sums and matmuls inside the target's layers are bounded.
+    reference_rule : {"structure", "oblivious"} or None, default None
+        None checks the reference's values as points; a rule bounds the reference program
+        too and asks only that the two bounds overlap.
+    start : int, default 0
+        The first layer analysed.
+    end : int or None, default None
+        One past the last layer analysed; None: every layer.
+
+    Returns
+    -------
+    Verdict
+        The verdict, the rule, and every analysed layer's check; print it for one line on
+        the deciding layer.
+
+    Raises
+    ------
+    ValueError
+        If a rule is unknown, start or end is out of range, the reference has too few
+        layers or outputs, a reference output's shape differs from the target's, a single
+        reference array is given with end before the last layer, or reference_rule is
+        given without the reference as layers.
+
+    Examples
+    --------
+    A float16 program, 2 x then + 0.1, against float64 outputs: 1.5 is float16 round-off
+    of the second layer, 1.6 is not.
+
+    >>> import numpy as np
+    >>> from precisionlab.intervals import Layer, add, classify, mul
+    >>> program = [Layer("double", lambda v: mul(v, 2.0, "float16")),
+    ...            Layer("plus", lambda v: add(v, 0.1, "float16"))]
+    >>> x = np.array([0.3, 0.7])
+    >>> first = np.array([0.6, 1.4])
+    >>> classify(program, [first, np.array([0.7, 1.5])], x).verdict
+    'Type-I'
+    >>> verdict = classify(program, [first, np.array([0.7, 1.6])], x)
+    >>> verdict.verdict, verdict.deciding.name, verdict.deciding.index
+    ('Type-II', 'plus', (1,))
+    >>> check = verdict.deciding
+    >>> check.reference, check.lo, check.hi
+    (1.6, 1.4990234375, 1.5009765625)
     """
     check_choice(rule, "rule", RULES)
     if reference_rule is not None:
@@ -316,7 +444,36 @@ def allclose(a, b, rtol: float, atol: float) -> bool:
 
 
 def high_precision_verdict(target_high, reference, x, rtol: float, atol: float) -> str:
-    """The baseline: re-execute the target in high precision; Type-I if it now passes allclose with the reference."""
+    """The baseline: re-execute the target in high precision; Type-I if it now passes allclose with the reference.
+
+    Parameters
+    ----------
+    target_high : Layer or callable or sequence or None
+        The target program written in high precision (float64); None: not supported.
+    reference : Layer or callable or sequence or numpy.ndarray
+        The reference program, or its final output.
+    x : float or array_like
+        The input.
+    rtol, atol : float
+        allclose's tolerances (`ASSERT_CLOSE_TOLERANCES` has torch's per dtype).
+
+    Returns
+    -------
+    str
+        "Type-I", "Type-II", or "not supported" when target_high is None.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import high_precision_verdict
+    >>> program = [lambda v: v * 2, lambda v: v + 0.1]  # float64
+    >>> x = np.array([0.3, 0.7])
+    >>> tolerances = {"rtol": 1e-3, "atol": 1e-5}
+    >>> high_precision_verdict(program, np.array([0.7, 1.5]), x, **tolerances)
+    'Type-I'
+    >>> high_precision_verdict(program, np.array([0.7, 1.6]), x, **tolerances)
+    'Type-II'
+    """
     if target_high is None:
         return "not supported"
     out = run_layers(target_high, x)[-1]

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import numbers
-
-from ..formats import FloatFormat, get_format
+from ..checks import check_choice, check_integer
+from ..formats import FORMATS, FloatFormat, get_format
 
 __all__ = ["E8M0_RULES", "ELEMENT_FORMATS", "SCALE_FORMATS", "check_format", "check_margin",
            "check_rule"]
 
-ELEMENT_FORMATS: tuple[str, ...] = ("float8_e4m3fn", "float8_e5m2", "float6_e3m2fn",
-                                    "float6_e2m3fn", "float4_e2m1fn")
+# every signed format of at most 8 bits: FP8 (E4M3, E5M2) and the MX element formats FP6, FP4
+ELEMENT_FORMATS: tuple[str, ...] = tuple(name for name, f in FORMATS.items()
+                                         if f.signed and f.total_bits <= 8)
 SCALE_FORMATS: tuple[str, ...] = ("float32", "float8_e8m0fnu", "float8_e4m3fn")
 # floor: k = floor(log2 amax) - emax_E, the OCP MX v1.0 rule (the block's largest element may
 # saturate); ceil: the least k with amax <= max_E 2^k (nothing saturates).
@@ -30,14 +30,9 @@ def check_format(value, name: str, choices: tuple[str, ...]) -> FloatFormat:
 
 def check_rule(rule) -> str:
     """rule if it is an E8M0 exponent rule, else ValueError naming them."""
-    if rule not in E8M0_RULES:
-        raise ValueError(f"unknown e8m0_rule {rule!r}; valid choices: {', '.join(E8M0_RULES)}")
-    return rule
+    return check_choice(rule, "e8m0_rule", E8M0_RULES)
 
 
 def check_margin(margin) -> int:
     """margin if it is an integer (not a bool), else ValueError naming it."""
-    if isinstance(margin, bool) or not isinstance(margin, numbers.Integral):
-        raise ValueError(f"margin must be an integer (the scale gets 2^margin of headroom); "
-                         f"got margin={margin!r}")
-    return int(margin)
+    return check_integer(margin, "margin", " (the scale gets 2^margin of headroom)")

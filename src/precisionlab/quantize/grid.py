@@ -6,14 +6,9 @@ import numbers
 
 import torch
 
+from ..checks import check_count
+
 __all__ = ["as_float32", "block_amax", "block_shape", "blocked"]
-
-
-def _check_size(value, name: str) -> int:
-    """value if it is an integer >= 1 (not a bool), else ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1; got {name}={value!r}")
-    return int(value)
 
 
 def _divisors(n: int) -> str:
@@ -27,9 +22,9 @@ def block_shape(shape: tuple[int, ...], block, axis: int = -1) -> tuple[int, ...
         if len(block) != len(shape):
             raise ValueError(f"a tile block needs one size per dimension of x {shape}; "
                              f"got block={tuple(block)!r}")
-        sizes = tuple(_check_size(b, "block") for b in block)
+        sizes = tuple(check_count(b, "block") for b in block)
     else:
-        size = _check_size(block, "block")
+        size = check_count(block, "block")
         if isinstance(axis, bool) or not isinstance(axis, numbers.Integral) or \
                 not -len(shape) <= axis < len(shape):
             raise ValueError(f"axis must be an integer in [{-len(shape)}, {len(shape) - 1}] for x "

@@ -16,7 +16,46 @@ __all__ = ["Quantized", "encode"]
 
 @dataclass(frozen=True)
 class Quantized:
-    """x ~ values * decode per block; shares of x's elements: saturated (x m rounds past max_E), underflowed (x != 0, q = 0), subnormal q."""
+    """x ~ values * decode per block; shares of x's elements: saturated (x m rounds past max_E), underflowed (x != 0, q = 0), subnormal q.
+
+    Every quantizer returns one; it is plain data (a frozen dataclass).
+
+    Attributes
+    ----------
+    values : torch.Tensor
+        q: float32, x's shape, every entry a value of elem.
+    scales : torch.Tensor
+        The stored scale per block (float32 values of scale_format), shape
+        (n_0/b_0, n_1/b_1, ...).
+    decode : torch.Tensor
+        float64, the same shape: what q is multiplied by (scales times tensor_scale for
+        two-level scaling, else scales).
+    elem : str
+        The element format's registry name.
+    scale_format : str
+        The scale format's registry name.
+    block : tuple of int
+        The block's size along each dimension of x.
+    saturated : float
+        Share of x's elements whose scaled value rounds past the element format's largest
+        value (clipped there).
+    underflowed : float
+        Share of x's elements that are nonzero but quantize to zero.
+    subnormal : float
+        Share of x's elements whose q is subnormal.
+    tensor_scale : float or None
+        The second level's float32 scale g (two-level scaling only).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from precisionlab.quantize import quantize_blocks
+    >>> q = quantize_blocks(torch.tensor([[0.5, -1.0, 3.0, 100.0]]), block=4)
+    >>> q.elem, q.scale_format, q.block, q.decode.tolist()
+    ('float8_e4m3fn', 'float8_e8m0fnu', (1, 4), [[0.25]])
+    >>> q.dequantize().tolist()  # float64, exact: 100 came back as 96
+    [[0.5, -1.0, 3.0, 96.0]]
+    """
 
     values: torch.Tensor  # q: float32, x's shape, every entry a value of `elem`
     scales: torch.Tensor  # the stored scale per block (float32 values of scale_format), shape
@@ -32,7 +71,13 @@ class Quantized:
     tensor_scale: float | None = None  # the second level's float32 scale (two-level only)
 
     def dequantize(self) -> torch.Tensor:
-        """q * d per block in float64: exact, since q has <= 4 and d <= 28 significant bits."""
+        """q * d per block in float64: exact, since q has <= 4 and d <= 28 significant bits.
+
+        Returns
+        -------
+        torch.Tensor
+            float64, x's shape.
+        """
         q = blocked(self.values.to(torch.float64), self.block)
         d = self.decode.reshape([v for n in self.decode.shape for v in (n, 1)])
         return (q * d).reshape(self.values.shape)

@@ -24,6 +24,45 @@ def quantize_two_level(x, elem="float4_e2m1fn", block=16, axis: int = -1) -> Qua
     b_k * g with g = fl32(1 / S) (stored as `tensor_scale`); dequantizing multiplies
     exactly in float64. S = 1 for an all-zero tensor, float32 max if 448 max_E / amax
     overflows; a block whose b_k rounds to 0 quantizes to 0. x must be finite.
+
+    Parameters
+    ----------
+    x : torch.Tensor or numpy.ndarray or sequence
+        Finite floating-point values (converted to a float32 tensor).
+    elem : {"float4_e2m1fn", "float8_e4m3fn", "float8_e5m2", "float6_e3m2fn", "float6_e2m3fn"}, default "float4_e2m1fn"
+        The element format (NVFP4: E2M1).
+    block : int or tuple of int, default 16
+        Elements along axis that share an E4M3 scale, or a tile; it must divide x's shape.
+    axis : int, default -1
+        The axis an int block runs along.
+
+    Returns
+    -------
+    Quantized
+        scales holds the E4M3 block scales b_k, tensor_scale the float32 g, decode b_k g.
+
+    Raises
+    ------
+    ValueError
+        If elem is unknown, block does not divide x's shape, axis is out of range, or x
+        has inf/NaN entries.
+    TypeError
+        If x does not hold floating-point numbers.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from precisionlab.quantize import quantize_two_level
+    >>> x = torch.arange(1.0, 33.0).reshape(2, 16)
+    >>> q = quantize_two_level(x)
+    >>> q.scales.tolist()  # the larger block's scale is E4M3's max
+    [[224.0], [448.0]]
+    >>> g = torch.tensor(1 / 84, dtype=torch.float32)  # 1 / 84 = 32 / (448 * 6)
+    >>> q.tensor_scale == float(g)
+    True
+    >>> q.values[1].tolist()
+    [3.0, 3.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0,
+     4.0, 4.0, 6.0, 6.0, 6.0, 6.0, 6.0, 6.0]
     """
     e = check_format(elem, "elem", ELEMENT_FORMATS)
     e4m3 = get_format("float8_e4m3fn")

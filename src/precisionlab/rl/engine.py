@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..checks import check_choice
+from ..checks import check_choice, check_count
 from ..emulate import kernels as K
 from ..rounding import round_to
 from .forward import fused_logprobs, kernel_weights, policy_logprobs, rounded_params
@@ -112,8 +112,7 @@ class Engine:
     @torch.no_grad()
     def generate(self, group_size: int, generator: torch.Generator) -> Rollout:
         """Sample `group_size` completions per prompt, continuing `generator`'s stream; all unfinished rows advance together."""
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
-            raise ValueError(f"group_size must be an integer >= 2; got group_size={group_size!r}")
+        check_count(group_size, "group_size", 2)
         cfg = self.model.cfg
         prompt = torch.arange(cfg.n_prompts).repeat_interleave(group_size)
         b, t_max = prompt.numel(), cfg.max_len

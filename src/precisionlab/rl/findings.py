@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .. import emulate as E
-from ..checks import check_positive
+from ..checks import check_choice, check_positive
 from .grpo import token_weights
 from .runs import RunLog
 from .source import SOURCE, reproduces
@@ -275,8 +275,7 @@ def source_findings(ev: Evidence) -> dict[str, tuple[str, str]]:
         out["rare"] = (f"{r:.3f} / {cm:.3f}", _cap(
             reproduces(_ratio(r, cm), (25.0, 50.0), direction=r > cm), 1, len(seeds)))
     for key in ev.calibrated:
-        if key not in SOURCE:
-            raise ValueError(f"unknown source finding {key!r}; valid choices: {', '.join(SOURCE)}")
+        check_choice(key, "source finding", SOURCE)
         out[key] = (out[key][0], "set")
     return {k: out[k] for k in SOURCE}
 

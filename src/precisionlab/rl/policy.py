@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from .. import emulate as E
-from ..checks import check_choice, check_positive
+from ..checks import check_choice, check_count, check_positive
 from ..rounding import round_to
 
 __all__ = ["BACKENDS", "EOS", "MASTER_PRECISIONS", "PRECISIONS", "Policy", "PolicyConfig",
@@ -39,9 +39,7 @@ class PolicyConfig:
 
     def __post_init__(self):
         for name in ("vocab", "n_prompts", "max_len", "width", "hidden", "depth"):
-            v, low = getattr(self, name), 2 if name == "vocab" else 1
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"{name} must be an integer >= {low}; got {name}={v!r}")
+            check_count(getattr(self, name), name, 2 if name == "vocab" else 1)
         check_positive(self.logit_spread, "logit_spread")
         check_choice(self.checkpoint, "checkpoint precision", PRECISIONS)
         for name in ("logit_offset", "eos_logit"):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..checks import check_choice, check_positive
+from ..checks import check_choice, check_count, check_positive
 from .grpo import RATIO_MODES, WEIGHT_MODES
 from .policy import BACKENDS, MASTER_PRECISIONS, PRECISIONS, Policy
 from .serving import KERNELS
@@ -47,8 +47,7 @@ class RunConfig:
         check_positive(self.lr, "lr")
         check_positive(self.eps_low, "eps_low")
         check_positive(self.eps_high, "eps_high")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"steps must be an integer >= 1; got steps={self.steps!r}")
+        check_count(self.steps, "steps")
         if self.staleness not in (0, 1) or isinstance(self.staleness, bool):
             raise ValueError(f"staleness must be 0 (on-policy) or 1 (the engine one step behind, "
                              f"as in asynchronous GRPO); got staleness={self.staleness!r}")

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..checks import check_choice
 from ..tables import Table
 
 __all__ = ["COMPARISON_HEADERS", "SOURCE", "SourceFigure", "comparison_table", "reproduces"]
@@ -67,8 +68,7 @@ def comparison_table(rows: Mapping[str, Sequence[str]]):
     """A tables.Table: per SOURCE key in `rows`, the finding, the source's value and section, then the row's own cells."""
     out = []
     for key, cells in rows.items():
-        if key not in SOURCE:
-            raise ValueError(f"unknown source finding {key!r}; valid choices: {', '.join(SOURCE)}")
+        check_choice(key, "source finding", SOURCE)
         if len(cells) != len(COMPARISON_HEADERS) - 3:
             raise ValueError(f"row {key!r} needs {len(COMPARISON_HEADERS) - 3} cells "
                              f"({', '.join(COMPARISON_HEADERS[3:])}); got {len(cells)}")

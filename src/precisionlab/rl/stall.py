@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checks import check_choice, check_positive
+from ..checks import check_choice, check_count, check_positive
 from ..tables import Table, show
 from .runs import RunLog
 from .source import SOURCE
@@ -66,8 +66,7 @@ def _start_reward(log: RunLog, start: int) -> float:
 
 def progress(log: RunLog, step: int, start: int = 5) -> float | None:
     """(A_step - R_0) / (-1 - R_0): A_step the 5-step moving average ending at `step`, R_0 the mean of the first `start` rewards (None: step not logged)."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < WINDOW - 1:
-        raise ValueError(f"step must be an integer >= {WINDOW - 1}; got step={step!r}")
+    check_count(step, "step", WINDOW - 1)
     r0 = _start_reward(log, start)
     if step >= len(log.reward):
         return None

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
+from ..checks import check_real
 from ..formats import get_format
 from ..plotting import plot_number_line
 from ..rounding import check_mode, decompose, next_down, next_up, ulp
 from ..tables import format_value
 from .frames import interactive
-from .view import TextPanel, check_real, view_figure
+from .view import TextPanel, view_figure
 
 __all__ = ["BIT_GRID", "bit_explorer", "bit_view"]
 

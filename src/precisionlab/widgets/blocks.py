@@ -6,6 +6,7 @@ from functools import lru_cache
 
 from matplotlib.figure import Figure
 
+from ..checks import check_real
 from ..formats import short_name
 from ..plotting import PALETTE, plot_block_sqnr
 from ..quantize import SCALE_FORMATS, quantize_blocks
@@ -18,7 +19,7 @@ from ..quantize_runs import (
     share_beside_outliers,
 )
 from .frames import interactive
-from .view import TextPanel, check_real, view_figure
+from .view import TextPanel, view_figure
 
 __all__ = ["BLOCK_ELEMENTS", "BLOCK_GRID", "block_explorer", "block_view"]
 

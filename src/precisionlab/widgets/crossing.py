@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
+from ..checks import check_real
 from ..formats import FORMAT_NAMES, get_format
 from ..plotting import plot_crossing_trajectory
 from ..rounding import round_to
 from ..updates import simulate_crossing, steps_to_cross, steps_to_cross_estimate
 from .frames import interactive
-from .view import TextPanel, check_real, view_figure
+from .view import TextPanel, view_figure
 
 __all__ = ["CROSSING_FORMATS", "CROSSING_GRID", "crossing_explorer", "crossing_view"]
 

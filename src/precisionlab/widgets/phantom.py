@@ -7,10 +7,11 @@ from functools import lru_cache, partial, update_wrapper
 
 from matplotlib.figure import Figure
 
+from ..checks import check_real
 from ..plotting import plot_run_metric
 from ..rl import PolicyConfig, RunConfig, RunLog, train, with_changes
 from .frames import interactive
-from .view import TextPanel, check_real
+from .view import TextPanel
 
 __all__ = ["PHANTOM_GRID", "phantom_explorer", "phantom_view", "trained"]
 

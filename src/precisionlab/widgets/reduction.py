@@ -7,12 +7,13 @@ from functools import lru_cache
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..checks import check_choice, check_real
 from ..formats import get_format
 from ..gpu import ORDERS, exact_sum, flip_probability, reduce_sum
 from ..plotting import plot_sum_outcomes
 from ..rounding import round_to, ulp
 from .frames import interactive
-from .view import TextPanel, check_real, view_figure
+from .view import TextPanel, view_figure
 
 __all__ = ["REDUCTION_GRID", "reduction_data", "reduction_explorer", "reduction_sums", "reduction_view"]
 
@@ -45,8 +46,7 @@ def reduction_sums(order: str, acc: str, block: int, n: int, runs: int, seed: in
 def reduction_view(order: str = "atomic", acc="float16", block: int = 1, margin: float = 1e-3,
                    n: int = 256, runs: int = 2000, seed: int = 0) -> tuple[TextPanel, Figure]:
     """Sums of one vector in `order` with an `acc` accumulator, against tol = S (1 + margin)."""
-    if order not in ORDERS:
-        raise ValueError(f"unknown order {order!r}; valid choices: {', '.join(ORDERS)}")
+    check_choice(order, "order", ORDERS)
     f = get_format(acc)
     if block not in REDUCTION_BLOCKS:
         raise ValueError(f"block must be one of {REDUCTION_BLOCKS}; got block={block!r}")

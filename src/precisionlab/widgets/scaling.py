@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..checks import check_real
 from ..formats import get_format
 from ..plotting import FORMAT_COLORS, PALETTE, legend_outside, plot_scale_history
 from ..scaling import (
@@ -14,7 +15,7 @@ from ..scaling import (
     trace_dynamic_scaling,
 )
 from .frames import interactive
-from .view import TextPanel, check_real
+from .view import TextPanel
 
 __all__ = ["SCALING_GRID", "scaling_explorer", "scaling_view"]
 

@@ -7,6 +7,7 @@ from functools import lru_cache
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..checks import check_real
 from ..formats import get_format
 from ..plotting import FORMAT_COLORS, legend_outside, plot_attenuation_model
 from ..underflow import (
@@ -19,7 +20,7 @@ from ..underflow import (
     probe_gradients,
 )
 from .frames import interactive
-from .view import TextPanel, check_real, view_figure
+from .view import TextPanel, view_figure
 
 __all__ = ["UNDERFLOW_GRID", "network_probe", "underflow_explorer", "underflow_view"]
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import html
-import math
 
 from matplotlib.figure import Figure
 
-__all__ = ["FIGURE_WIDTH_IN", "TextPanel", "check_real", "figure_summary", "panel_html",
-           "view_figure"]
+__all__ = ["FIGURE_WIDTH_IN", "TextPanel", "figure_summary", "panel_html", "view_figure"]
 
 FIGURE_WIDTH_IN = 7.0  # a frame at FRAME_DPI = 100 is 700 px, the book's text column
 
@@ -36,17 +34,6 @@ def panel_html(panel) -> str:
     if hasattr(panel, "_repr_html_"):
         return panel._repr_html_()
     return f"<pre>{html.escape(str(panel))}</pre>"
-
-
-def check_real(value, name: str = "value") -> float:
-    """float(value) if it is a finite real number, else ValueError naming the parameter."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number; got {name}={value!r}") from None
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite; got {name}={v!r}")
-    return v
 
 
 def view_figure(height: float) -> tuple[Figure, object]:

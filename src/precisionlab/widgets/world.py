@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..checks import check_real
 from ..plotting import plot_solver_passes
 from ..world import World, rollout
 from .frames import interactive
-from .view import TextPanel, check_real, view_figure
+from .view import TextPanel, view_figure
 
 __all__ = ["WORLD_GRID", "world_explorer", "world_scenes", "world_view"]
 

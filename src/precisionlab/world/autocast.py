@@ -7,9 +7,8 @@ import math
 import numpy as np
 import torch
 
-from ..checks import check_positive
+from ..checks import check_count, check_positive
 from ..rounding import next_down, next_up, round_to
-from .model import check_count
 
 
 def autocast_batch(tol: float = 1e-3) -> tuple[np.ndarray, float]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..checks import check_positive
+from ..checks import check_count, check_positive, check_real
 from ..formats import get_format
 from ..gpu import boundary_terms, reduce_sum
 from ..rounding import next_up, round_to, seed_generator
 from .dynamics import integrate, rounder
-from .model import Rollout, World, check_count, check_real
+from .model import Rollout, World
 from .rollout import rollout
 
 

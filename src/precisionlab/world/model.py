@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..checks import check_choice, check_nonnegative, check_positive
+from ..checks import check_choice, check_count, check_nonnegative, check_positive
 from ..formats import get_format
 from ..gpu import DETERMINISTIC_ORDERS
 from ..rounding import round_to
@@ -17,24 +16,6 @@ CONTACTS: tuple[str, ...] = ("projection", "penalty")
 POLICIES: tuple[str, ...] = ("low_precision", "float32", "per_instance", "hysteresis")
 LOSSES: tuple[str, ...] = ("penetration", "height", "mean_height")
 STOPS: tuple[str, ...] = ("tol", "max_iter", "none")
-
-
-def check_real(value, name: str) -> float:
-    """float(value) for a finite real number (not a bool or a string), else ValueError naming it."""
-    try:
-        v = float(value) if not isinstance(value, (bool, str)) else math.nan
-    except (TypeError, ValueError):
-        v = math.nan
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be a finite real number; got {name}={value!r}")
-    return v
-
-
-def check_count(value, name: str, lowest: int = 1) -> int:
-    """int(value) for an integer >= lowest (not a bool), else ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
-        raise ValueError(f"{name} must be an integer >= {lowest}; got {name}={value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..checks import check_choice, check_positive
+from ..checks import check_choice, check_count, check_positive, check_real
 from ..emulate import fixed_sum
 from .dynamics import force, integrate, penetration, rounder, spread
-from .model import LOSSES, Rollout, World, check_count, check_real
+from .model import LOSSES, Rollout, World
 from .solver import solve
 
 

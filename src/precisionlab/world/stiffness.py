@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..checks import check_positive
-from .model import World, check_count, check_real
+from ..checks import check_count, check_positive, check_real
+from .model import World
 from .rollout import rollout
 
 

@@ -64,13 +64,13 @@ def fmt_of(dtype: torch.dtype) -> str:
     """The format name of a floating dtype."""
     name = _FMT_NAMES.get(dtype)
     if name is None:
-        raise UnsupportedOperation(f"triage bounds float16, bfloat16, float32 and float64 "
+        raise UnsupportedOperation(f"triage bounds {', '.join(_BOUNDED[:-1])} and {_BOUNDED[-1]} "
                                    f"tensors; got dtype {dtype}")
     return name
 
 
-_FMT_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-              torch.float64: "float64"}
+_BOUNDED: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")  # the formats triage bounds
+_FMT_NAMES = {get_format(name).torch_dtype: name for name in _BOUNDED}
 
 
 @functools.cache

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import torch
 
-from ...formats import get_format
+from ...formats import contains, get_format
 from ..interval import Interval
 from . import fused, kernels
 from .arith import (
@@ -29,11 +29,6 @@ from .arith import (
 
 __all__ = ["Leaf", "box_products", "close_products", "leaf_products", "midrad", "mm",
            "upper_product"]
-
-
-_SUBSETS = {"float16": ("float16",), "bfloat16": ("bfloat16",),
-            "float32": ("float16", "bfloat16", "float32"),
-            "float64": ("float16", "bfloat16", "float32", "float64")}
 
 
 class Leaf:
@@ -81,7 +76,7 @@ class Leaf:
         """(rho, tau) after the operands are rounded outward into fmt, when some value the box
         is built from (a format in `fmts`) is not a value of fmt: one more ulp of fmt; None
         when that rounding may overflow (then only the box is sound)."""
-        if fmt == "float64" or all(f in _SUBSETS[fmt] for f in self.fmts):
+        if fmt == "float64" or all(contains(fmt, f) for f in self.fmts):
             return self.rho, self.tau
         f = get_format(fmt)
         e = f.eps * (1 + 2.0**-40)  # RD/RU move an endpoint by < ulp <= eps |x| + q

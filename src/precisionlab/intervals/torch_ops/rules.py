@@ -81,8 +81,7 @@ EXACT = frozenset({
     "tril", "index_select", "gather", "take_along_dim", "T", "mT", "data", "masked_fill",
     "masked_fill_", "split_with_sizes", "pad", "__setitem__", "copy_", "fill_", "zero_",
 })
-_CASTS = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16,
-          "double": torch.float64}
+_CASTS = frozenset({"float", "half", "bfloat16", "double"})  # Tensor.float() etc.: casts
 
 
 _WRITES = frozenset({"masked_fill_", "__setitem__", "copy_", "fill_", "zero_"})
@@ -125,7 +124,22 @@ def _apply_exact(rec, get, fmt_out):
 
 
 def supported() -> tuple[str, ...]:
-    """Names of every operation triage can bound."""
+    """Names of every operation triage can bound.
+
+    Returns
+    -------
+    tuple of str
+        The torch function, method and operator names (F.linear is "linear",
+        Tensor.__add__ is "__add__"), sorted.
+
+    Examples
+    --------
+    >>> from precisionlab.diagnose import supported
+    >>> "linear" in supported(), "scaled_dot_product_attention" in supported()
+    (True, True)
+    >>> "cumprod" in supported()
+    False
+    """
     return tuple(sorted(set(RULES) | EXACT | set(_CASTS) | {"to", "type", "type_as"}))
 
 

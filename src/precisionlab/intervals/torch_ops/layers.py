@@ -175,9 +175,13 @@ def attention_bound(q, k, v, mask, get, causal: bool, scale, fmt: str, cpu: bool
     (one ulp of the dtype on the probabilities), unless
     torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True) (a global switch, CPU included)
     lets the math kernel compute in the dtype; elsewhere every step may round into the dtype.
+    That float32 model holds from torch 2.5 (2.5 to 2.15 measured). torch before 2.5 has no
+    such switch, and its CPU math kernel computes bfloat16 inputs in bfloat16 (2.3 and 2.4
+    measured): there the CPU gets the looser model too, every step rounding into the dtype.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    cpu = cpu and not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    allowed = getattr(torch.backends.cuda, "fp16_bf16_reduction_math_sdp_allowed", None)
+    cpu = cpu and allowed is not None and not allowed()  # no switch (torch < 2.5): the dtype
     inner = "float32" if cpu and reduced(fmt) else fmt
     f = get_format(inner)
     u = f.unit_roundoff if inner != "float64" else 0.0

@@ -44,8 +44,8 @@ versions:  ## both ends of pyproject's ranges, each in a fresh venv: minimum (Co
 
 # The lock: requirements.txt from requirements.in (pyproject.toml's ranges, torch pinned) for
 # Python 3.10-3.13, at the newest releases that fit. Needs uv (in the test extra).
-NO_EMIT := $(foreach name,$(shell sed -n 's/ ;.*//p' requirements-overrides.txt),--no-emit-package $(name))
-LOCK := uv pip compile requirements.in --universal --python-version 3.10 --prerelease disallow \
+NO_EMIT = $(foreach name,$(shell sed -n 's/ ;.*//p' requirements-overrides.txt),--no-emit-package $(name))
+LOCK = uv pip compile requirements.in --universal --python-version 3.10 --prerelease disallow \
 	--override requirements-overrides.txt $(NO_EMIT) --custom-compile-command "make lock" \
 	-o $(LOCK_OUT)
 # where the lock is written, and --upgrade: `make lock` takes the newest releases that fit

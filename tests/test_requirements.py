@@ -211,6 +211,18 @@ def test_the_lock_pins_torch_as_requirements_in_and_none_of_its_cuda_libraries()
     assert not [n for n in pins if n.startswith(("nvidia-", "cuda-")) or n == "triton"]
 
 
+def test_make_lock_writes_requirements_txt_from_requirements_in():
+    if shutil.which("make") is None:
+        pytest.skip("GNU make is not installed")
+    done = subprocess.run(["make", "-n", "lock"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    command = done.stdout.split()
+    assert command[command.index("compile") + 1] == "requirements.in"
+    assert command[command.index("-o") + 1] == "requirements.txt" and "--upgrade" in command
+    for name in ("--universal", "--override", "requirements-overrides.txt"):
+        assert name in command
+
+
 def test_the_lock_is_what_make_lock_resolves_today(tmp_path):
     if shutil.which("make") is None:
         pytest.skip("GNU make is not installed")

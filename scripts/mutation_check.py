@@ -8,7 +8,14 @@ copy. A mutant is killed when a test fails. Two test sets are run per mutant:
 * ``before``: the module's original test file (tests/test_emulate.py, test_world.py,
   test_scaling.py);
 * ``after``: the same file plus the mutation-driven one (tests/test_emulate_values.py,
-  test_world_mutants.py, test_scaling_mutants.py).
+  test_world_rollout.py, and for scaling the tests that were test_scaling_mutants.py).
+
+Since issue 34 the test files are named for what they test, not how their tests were found:
+test_scaling_mutants.py was merged into test_scaling.py and test_scaling_scalers.py (both
+sets now run both files, so scaling's two rates no longer differ), test_world_mutants.py is
+test_world_rollout.py, and the tests a later mutmut run added (scripts/mutation_run.py) sit
+in test_emulate.py and test_world.py, so ``before`` includes them. data/mutation_check.json
+keeps the split as it was run (its "tests" table names the old files).
 
 The cross-machine same-bits tests (subprocesses comparing runs with each other; they cannot
 see a deterministic bug) and the figure/widget smoke tests are deselected to keep the run
@@ -43,8 +50,8 @@ OUT = ROOT / "data" / "mutation_check.json"
 
 TESTS = {
     "emulate": (["tests/test_emulate.py"], ["tests/test_emulate_values.py"]),
-    "world": (["tests/test_world.py"], ["tests/test_world_mutants.py"]),
-    "scaling": (["tests/test_scaling.py"], ["tests/test_scaling_mutants.py"]),
+    "world": (["tests/test_world.py"], ["tests/test_world_rollout.py"]),
+    "scaling": (["tests/test_scaling.py", "tests/test_scaling_scalers.py"], []),
 }
 DESELECT = "not same_bits and not figures"
 

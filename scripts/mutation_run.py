@@ -16,10 +16,10 @@ tests and figure smoke tests are deselected (they cannot tell a deterministic bu
 truth), and so are the two tests that drive the numba tier. A mutant whose tests take more
 than 6 times their measured CPU time counts as a timeout (killed: it loops).
 
-mutmut makes several thousand mutants of these modules (rounding.py alone about 1400), about
-1-3 s each on a loaded two-core machine, so by default each module is tested on a simple
-random sample (``--sample``, fixed ``--seed``) and the table gives a 95% Wilson interval
-for the whole module's kill rate; ``--sample 0`` runs every mutant.
+mutmut makes several thousand mutants of these modules (rounding.py and rounding_kernel.py
+about 1400 together), about 1-3 s each on a loaded two-core machine, so by default each
+module is tested on a simple random sample (``--sample``, fixed ``--seed``) and the table
+gives a 95% Wilson interval for the whole module's kill rate; ``--sample 0`` runs every mutant.
 
 Killed counts mutants whose tests failed or timed out; a mutant whose function no listed
 test calls ("no tests") and a survivor both count against the rate. ``EQUIVALENT`` lists
@@ -58,30 +58,32 @@ PACKAGE = "src/precisionlab"
 OUT = ROOT / "data" / "mutation_run.json"
 INSTALL = "pip install mutmut==3.8.1"
 
-_INTERVALS = ("tests/test_intervals.py", "tests/test_intervals_fields.py", "tests/test_intervals_masks.py",
-              "tests/test_intervals_overflow.py", "tests/test_intervals_review.py",
-              "tests/test_intervals_mutation.py")
+_INTERVALS = ("tests/test_intervals.py", "tests/test_intervals_fields.py", "tests/test_intervals_masking.py",
+              "tests/test_intervals_overflow.py", "tests/test_intervals_verdicts.py",
+              "tests/test_intervals_interval.py", "tests/test_intervals_ops.py",
+              "tests/test_intervals_outward.py", "tests/test_intervals_softmax.py",
+              "tests/test_intervals_bounds.py")
 # module (path under src/precisionlab without .py; a folder package keeps its name) -> unit tests
 TESTS: dict[str, tuple[str, ...]] = {
-    "scaling": ("tests/test_scaling.py", "tests/test_scaling_mutants.py", "tests/test_scaling_mutation.py"),
-    "rounding": ("tests/test_rounding.py", "tests/test_rounding_mutation.py"),
+    "scaling": ("tests/test_scaling.py", "tests/test_scaling_scalers.py"),
+    "rounding": ("tests/test_rounding.py", "tests/test_rounding_stochastic.py", "tests/test_rounding_display.py"),
     "intervals/interval": _INTERVALS,
     "intervals/outward": _INTERVALS,
     "intervals/ops": _INTERVALS,
     "intervals/softmax": _INTERVALS,
     "intervals/bounds": _INTERVALS,
-    "emulate": ("tests/test_emulate.py", "tests/test_emulate_values.py", "tests/test_emulate_mutation.py"),
-    "world": ("tests/test_world.py", "tests/test_world_ch3.py", "tests/test_world_mutants.py",
-              "tests/test_world_mutation.py"),
+    "emulate": ("tests/test_emulate.py", "tests/test_emulate_values.py"),
+    "world": ("tests/test_world.py", "tests/test_world_ch3.py", "tests/test_world_rollout.py"),
 }
+TESTS["rounding_kernel"] = TESTS["rounding"]  # rounding's emulated recipe: the same tests
 DESELECT = "not same_bits and not figures and not numba_tiers and not tier_depends"
 # Functions left out of the mutants, per module, with the reason.
 EXCLUDED: dict[str, dict[str, str]] = {
-    "rounding": {
+    "rounding_kernel": {
         name: "numba-only build code: mutmut's trampolines cannot be compiled by numba, so the "
               "numba tier is kept off in the copy (its _round_word source is mutated and run "
               "through the Python tier)"
-        for name in ("x__deterministic_loop", "x__stochastic_loop", "x__numba_kernel", "x__twin")
+        for name in ("x__deterministic_loop", "x__stochastic_loop", "x_numba_kernel", "x__twin")
     },
     # mutmut leaves decorated functions alone, so these make no mutants anyway; kernels.exp64 and
     # log64 are not listed: names are matched without the file, and elementary's twins must be mutated
@@ -128,7 +130,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("scaling", "x_train_scaled", "opt.zero_grad(set_to_none=False)"):
         "zeroed instead of dropped gradients: backward then stores 0 + g = g (only a -0.0 "
         "gradient would read +0.0, which no update, check or record tells apart)",
-    ("rounding", "x__python_words",
+    ("rounding_kernel", "x_python_words",
      "dst[:] = [word(v, rnd, *params, mode) for v, rnd in zip(src.tolist(), rnds, strict=False)]"):
         "both lists always have src.size entries, so strict never fires",
     ("rounding", "x__to_numpy",
@@ -141,9 +143,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rounding", "x__emulate",
      "uniform = fmt.emin + c.bias < 1  # fmt's normal range reaches down to the container's"):
         _SAME_BITS + " (the general word kernel for bfloat16/tf32, whose shift is then constant)",
-    ("rounding", "x__emulate", "_python_words(src, dst, params, code, seed, None)"):
+    ("rounding", "x__emulate", "python_words(src, dst, params, code, seed, None)"):
         _SAME_BITS + " (the general word kernel instead of the uniform one)",
-    ("rounding", "x__emulate", "kernel = _numba_kernel(code == _STOCHASTIC, parallel)"): _NUMBA_OFF,
+    ("rounding", "x__emulate", "kernel = numba_kernel(code == STOCHASTIC, parallel)"): _NUMBA_OFF,
     ("rounding", "x__emulate", "kernel(src, dst, *params, )"): _NUMBA_OFF,
     ("rounding", "x_round_to",
      'if native is not None and (backend == "native" or (backend == "AUTO" and fmt.name in _AUTO_NATIVE)):'):
@@ -155,11 +157,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
      "lambda r: torch.from_numpy(np.asarray(r, dtype=np.float64)).to(None))"):
         "on a CPU-only machine .to(device) and .to(None) are the same (a CUDA input would "
         "come back on the CPU)",
-    ("rounding", "x__round_word_uniform", "r = (mag + _increment(None, rnd, mask, lsb, neg, mode)) & ~mask"):
+    ("rounding_kernel", "x__round_word_uniform", "r = (mag + _increment(None, rnd, mask, lsb, neg, mode)) & ~mask"):
         "_increment never reads its first argument (mag)",
-    ("rounding", "x__round_word", "r = (mag + _increment(None, rnd, mask, lsb, neg, mode)) & ~mask"):
+    ("rounding_kernel", "x__round_word", "r = (mag + _increment(None, rnd, mask, lsb, neg, mode)) & ~mask"):
         "_increment never reads its first argument (mag)",
-    ("rounding", "x__round_word", "thr = (sig << max(63 - sh, 0)) >> min(max(sh - 63, 0), 64)"):
+    ("rounding_kernel", "x__round_word", "thr = (sig << max(63 - sh, 0)) >> min(max(sh - 63, 0), 64)"):
         "the cap matters only for sh > 126, where sig < 2^53 shifted right by 63 or 64 is 0 either way",
     # ------------------------------------------------------------------ the interval rules
     ("intervals/interval", "xǁIntervalǁ__init__",

@@ -1,7 +1,12 @@
-"""Independent reference rounding for the tests: exact rationals and sorted tables of values.
+"""Independent reference rounding for the tests: exact rationals and sorted tables of values;
+and the helpers several test files share.
 
-Nothing here calls precisionlab's kernel: the tables are decoded by ml_dtypes (or, for tf32,
-by masking float32 bit patterns) and the rational oracle follows the textbook definition.
+Nothing here but `rn` calls precisionlab's kernel: the tables are decoded by ml_dtypes (or, for
+tf32, by masking float32 bit patterns) and the rational oracle follows the textbook definition.
+`rn` is the shorthand the interval tests use to put their inputs on a format's grid, with
+round_to itself (which tests/test_rounding.py holds to the oracles here). `sound(n)` is the
+derandomised Hypothesis profile of the interval tests. `identical_values` and `equal_with_nan`
+compare arrays elementwise, with and without the sign of zero.
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
+from hypothesis import HealthCheck, settings
 
 from precisionlab.formats import FloatFormat, get_format
+from precisionlab.rounding import round_to
 
 ML_DTYPES = {
     "float16": np.float16,
@@ -123,8 +130,24 @@ def fraction_round(x: float, fmt, mode: str) -> float:
     return -val if neg else val
 
 
-def same_bits(a, b) -> np.ndarray:
+def identical_values(a, b) -> np.ndarray:
     """Elementwise: equal including the sign of zero, or both NaN."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     return ((a == b) & (np.signbit(a) == np.signbit(b))) | (np.isnan(a) & np.isnan(b))
+
+
+def equal_with_nan(a, b) -> bool:
+    """Arrays equal elementwise, NaN equal to NaN (0.0 equal to -0.0)."""
+    return np.array_equal(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), equal_nan=True)
+
+
+def rn(x, fmt) -> np.ndarray:
+    """x rounded to nearest (ties to even) in fmt by round_to, as a float64 array."""
+    return np.asarray(round_to(np.ascontiguousarray(x, dtype=np.float64), fmt), dtype=np.float64)
+
+
+def sound(n: int) -> settings:
+    """Derandomised (the same examples on every run) and without deadline: n examples."""
+    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -22,7 +22,7 @@ from precisionlab.intervals.torch_ops import products as P
 FORMATS = ("float64", "float32", "bfloat16", "float16")
 
 
-def same_bits(a, b) -> bool:
+def bitwise_equal(a, b) -> bool:
     """Equal float64 arrays bit for bit (any NaN equals any NaN)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
@@ -48,13 +48,13 @@ def with_nan(seed=0):
 @pytest.mark.parametrize("sign", [-1, 1])
 def test_step_is_nextafter(sign):
     x = with_nan()
-    assert same_bits(B._step(x, sign), np_step(x, sign))
+    assert bitwise_equal(B._step(x, sign), np_step(x, sign))
     # shapes: 0-d, strided and read-only inputs
     assert B._step(np.float64(1.5), sign).shape == ()
     m = x[: 2 * (x.size // 2)].reshape(-1, 2)
-    assert same_bits(B._step(m[:, 1], sign), np_step(m[:, 1], sign))
+    assert bitwise_equal(B._step(m[:, 1], sign), np_step(m[:, 1], sign))
     ro = np.broadcast_to(x[:1], (5,))
-    assert same_bits(B._step(ro, sign), np_step(ro, sign))
+    assert bitwise_equal(B._step(ro, sign), np_step(ro, sign))
 
 
 def np_widen_rel(lo, hi, ulps, fmt, ftz):
@@ -80,7 +80,7 @@ def test_widen_rel_is_the_numpy_steps(fmt, ulps):
     for ftz in (False, True):
         got = B.widen_rel(B.mk(lo, hi), ulps, fmt, ftz=ftz)
         want = np_widen_rel(lo, hi, ulps, fmt, ftz)
-        assert same_bits(got.lo, want[0]) and same_bits(got.hi, want[1])
+        assert bitwise_equal(got.lo, want[0]) and bitwise_equal(got.hi, want[1])
     # a NaN end gives the whole line, as the validating constructor does
     y = B.widen_rel(B.mk(np.array([np.nan, 1.0]), np.array([2.0, 3.0])), ulps, fmt)
     assert y.lo[0] == -np.inf and y.hi[0] == np.inf and y.lo[1] < 1 and y.hi[1] > 3
@@ -104,7 +104,7 @@ def test_leaf_box_is_frexp_ldexp(dtype):
     hi = np.where(np.isfinite(v), v + half, v)
     want = B.mk(lo, hi)
     got = B.leaf(t)
-    assert same_bits(got.lo, want.lo) and same_bits(got.hi, want.hi)
+    assert bitwise_equal(got.lo, want.lo) and bitwise_equal(got.hi, want.hi)
     assert got.lo[4] == -np.inf and got.hi[4] == np.inf  # NaN: no information
     fin = np.isfinite(v)
     assert (got.hi[fin] - got.lo[fin] > 0).all()
@@ -136,12 +136,12 @@ def test_close_products_fused_is_the_numpy_path(fmt, big):
     for b in (None, bias, B.mk(bias.lo[None], bias.hi[None])):
         got = P.close_products(pm, pr, s, 48, b, fmt, g64)
         want = P._close_numpy(pm.numpy(), pr.numpy(), s.numpy(), 48, b, fmt, g64)
-        assert same_bits(got[0], want[0]) and same_bits(got[1], want[1])
+        assert bitwise_equal(got[0], want[0]) and bitwise_equal(got[1], want[1])
     # a full-shape bias takes the NumPy path and gives the same bounds as a row of it
     full = B.mk(np.broadcast_to(bias.lo, pm.shape).copy(), np.broadcast_to(bias.hi, pm.shape).copy())
     a = P.close_products(pm, pr, s, 48, full, fmt, g64)
     b = P.close_products(pm, pr, s, 48, bias, fmt, g64)
-    assert same_bits(a[0], b[0]) and same_bits(a[1], b[1])
+    assert bitwise_equal(a[0], b[0]) and bitwise_equal(a[1], b[1])
     assert np.isinf(b[0][:, 0]).all() and (b[1][:, 1] == np.inf).all()
 
 

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_diagnose_fused import same_bits
+from test_diagnose_fused import bitwise_equal
 
 from precisionlab import intervals as iv
 from precisionlab.diagnose import opcheck
@@ -30,7 +30,7 @@ FORMATS = ("float64", "float32", "bfloat16", "float16")
 
 def same(a: iv.Interval, b: iv.Interval) -> bool:
     """Equal bounds bit for bit."""
-    return same_bits(a.lo, b.lo) and same_bits(a.hi, b.hi)
+    return bitwise_equal(a.lo, b.lo) and bitwise_equal(a.hi, b.hi)
 
 
 def boxes(shape, seed: int, scale: float = 1.0, edges: bool = True) -> iv.Interval:

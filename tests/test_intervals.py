@@ -13,9 +13,10 @@
 * Tightness and the corpus: >= 10x narrower than the order-oblivious rule on blocked fp32
   matmuls with k = 4096; the interval method labels every corpus case correctly.
 
-Overflow, infinities and NaN are tested in test_intervals_overflow.py, logit gaps, masks and
-verdicts on non-finite outputs in test_intervals_masks.py, Kernel fields, shapes and the
-non-finite convention in test_intervals_fields.py.
+Overflow, infinities and NaN are tested in test_intervals_overflow.py, masks in
+test_intervals_masking.py, verdicts on non-finite outputs in test_intervals_verdicts.py, Kernel
+fields, shapes and the non-finite convention in test_intervals_fields.py; the modules one by
+one in test_intervals_interval.py, _ops.py, _outward.py, _softmax.py and _bounds.py.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles import rn, sound
 
 from precisionlab import intervals as iv
 from precisionlab.gpu import reductions as red
@@ -40,21 +42,10 @@ from precisionlab.intervals.outward import (
     sum_down,
     sum_up,
 )
-from precisionlab.rounding import round_to
 
 FORMATS = ("float16", "bfloat16", "tf32", "float32")
 SUM_ORDERS = ("sequential", "pairwise", "blocked", "warp", "split_k", "atomic")
 PROGRAMS = {"count": 0}  # distinct (structure, input) programs whose bounds were checked
-
-
-def sound(max_examples: int):
-    """Derandomised settings (the same programs on every run, as CI needs) with no deadline."""
-    return settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def rn(x, fmt):
-    return np.asarray(round_to(np.ascontiguousarray(x, dtype=np.float64), fmt), dtype=np.float64)
 
 
 # --------------------------------------------------------------------------- exact oracles

@@ -14,20 +14,15 @@ import ml_dtypes
 import mpmath
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from oracles import sound
 
 from precisionlab import intervals as iv
 from precisionlab.gpu import matmul as gpu_matmul
 from precisionlab.gpu import tensor_core_matmul
 
 CHOICES = "float16, bfloat16, tf32, float32, float64"
-
-
-def sound(n: int):
-    """Derandomised (the same examples on every run) and without deadline."""
-    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def tf32_bits(x, mode: str) -> np.ndarray:

@@ -22,26 +22,16 @@ from fractions import Fraction
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from oracles import rn, sound
 
 from precisionlab import intervals as iv
 from precisionlab.formats import get_format
-from precisionlab.rounding import round_to
 
 NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 FMTS = tuple(NP)
 MAX = {f: get_format(f).max_finite for f in FMTS}
-
-
-def sound(n: int):
-    """Derandomised (the same examples on every run) and without deadline."""
-    return settings(max_examples=n, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def rn(x, fmt):
-    return np.asarray(round_to(np.ascontiguousarray(x, dtype=np.float64), fmt), dtype=np.float64)
 
 
 # --------------------------------------------------------------------------- independent kernels

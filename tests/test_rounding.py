@@ -1,4 +1,11 @@
-"""round_to, ulp and neighbours against independent oracles: library casts, value tables, rationals."""
+"""round_to, ulp and neighbours against independent oracles: library casts, value tables, rationals.
+
+The value table is also checked on inputs of a handful of values (round_to's Python-int tier)
+placed at every boundary the kernel compares: ties, one container ulp either side, half the
+smallest subnormal, the subnormal/normal seam, the last binade before overflow and past it.
+Stochastic rounding is tested in test_rounding_stochastic.py, decompose and rounding_trace in
+test_rounding_display.py.
+"""
 
 import math
 
@@ -13,19 +20,18 @@ from oracles import (
     all_patterns,
     finite_values,
     fraction_round,
+    identical_values,
     overflow_neighbour,
-    same_bits,
     table_round,
 )
 
 from precisionlab.formats import FORMATS, get_format
 from precisionlab.rounding import (
     MODES,
-    decompose,
     next_down,
     next_up,
     round_to,
-    rounding_trace,
+    seed_generator,
     ulp,
 )
 
@@ -80,13 +86,13 @@ def test_every_bit_pattern_round_trips(name, mode, dtype):
     for backend in BACKENDS:
         got = round_to(values, name, mode, generator=np.random.default_rng(1), backend=backend)
         assert got.dtype == dtype
-        assert same_bits(got, values).all(), (name, mode, backend)
+        assert identical_values(got, values).all(), (name, mode, backend)
 
 
 def test_every_tf32_value_round_trips():
     values = finite_values("tf32").astype(np.float32)
     for mode in MODES:
-        assert same_bits(round_to(values, "tf32", mode, generator=np.random.default_rng(2)), values).all()
+        assert identical_values(round_to(values, "tf32", mode, generator=np.random.default_rng(2)), values).all()
 
 
 # ------------------------------------------------------------------ nearest-even = the libraries
@@ -139,7 +145,7 @@ def test_nearest_even_matches_ml_dtypes_on_a_million_values(inputs, backend):
         want = x.astype(ML_DTYPES[name]).astype(np.float32)  # ml_dtypes: e4m3fn overflow -> NaN
     sat = name == "float8_e4m3fn" and backend == "native"
     got = round_to(x, name, saturate=sat, backend=backend)
-    assert same_bits(got, want).all()
+    assert identical_values(got, want).all()
 
 
 @pytest.mark.parametrize("mode", DETERMINISTIC)
@@ -148,13 +154,13 @@ def test_tf32_bit_mask_oracle_agrees_with_exact_rationals(mode):
     x = random_inputs("tf32", 3000, seed=21)
     x = x[np.isfinite(x)]
     want = np.array([fraction_round(float(v), "tf32", mode) for v in x])
-    assert same_bits(tf32_by_bit_masks(x, mode), want).all()
+    assert identical_values(tf32_by_bit_masks(x, mode), want).all()
 
 
 @pytest.mark.parametrize("mode", DETERMINISTIC)
 def test_tf32_matches_bit_masks_on_a_million_values(mode):
     x = random_inputs("tf32")
-    assert same_bits(round_to(x, "tf32", mode), tf32_by_bit_masks(x, mode)).all()
+    assert identical_values(round_to(x, "tf32", mode), tf32_by_bit_masks(x, mode)).all()
 
 
 @pytest.mark.parametrize("name", SMALL)
@@ -171,7 +177,7 @@ def test_native_backend_against_exact_rationals(name):
     if sat:
         big = np.isnan(want) | np.isinf(want)
         want = np.where(big, np.copysign(get_format(name).max_finite, x), want)
-    assert same_bits(got, want).all()
+    assert identical_values(got, want).all()
 
 
 def test_emulated_backend_matches_torch_casts_on_a_million_values(inputs):
@@ -182,22 +188,31 @@ def test_emulated_backend_matches_torch_casts_on_a_million_values(inputs):
         words = x32.view(torch.int32)
         tz = (words & ~0x1FFF).view(torch.float32).numpy()
         fin = np.isfinite(x)
-        assert same_bits(round_to(x[fin], "tf32", "toward_zero", backend="emulated"), tz[fin]).all()
+        assert identical_values(round_to(x[fin], "tf32", "toward_zero", backend="emulated"), tz[fin]).all()
         return
     dtype = FORMATS[name].torch_dtype
     with np.errstate(over="ignore"):
         want = torch.from_numpy(x).to(dtype).to(torch.float32).numpy()
     # torch 2.13 saturates float8_e4m3fn; round_to does so only when asked.
     got = round_to(x, name, saturate=(name == "float8_e4m3fn"), backend="emulated")
-    assert same_bits(got, want).all()
+    assert identical_values(got, want).all()
 
 
 def test_e4m3fn_overflow_options_differ_exactly_where_documented():
     x = np.array([448.0, 463.9, 464.0, 464.1, 1e6, np.inf, -np.inf, -500.0], np.float32)
-    assert same_bits(round_to(x, "float8_e4m3fn"),
+    assert identical_values(round_to(x, "float8_e4m3fn"),
                      [448, 448, 448, np.nan, np.nan, np.nan, np.nan, np.nan]).all()
-    assert same_bits(round_to(x, "float8_e4m3fn", saturate=True),
+    assert identical_values(round_to(x, "float8_e4m3fn", saturate=True),
                      [448, 448, 448, 448, 448, 448, -448, -448]).all()
+
+
+def test_float64_to_float32_has_an_exact_native_cast():
+    x = np.random.default_rng(1).standard_normal(50) * 1e3
+    want = x.astype(np.float32)
+    assert identical_values(round_to(x, "float32", backend="native"), want).all()
+    assert identical_values(round_to(x, "float32", backend="emulated"), want).all()
+    with pytest.raises(ValueError, match=r"no exact native cast for float64 -> float32 with mode='nearest_even', saturate=True"):
+        round_to(x, "float32", saturate=True, backend="native")
 
 
 # ------------------------------------------------------------------ every mode = the value table
@@ -209,7 +224,7 @@ def test_every_deterministic_mode_matches_the_value_table(inputs, mode, saturate
     name, x = inputs
     want = table_round(x, name, mode, saturate=saturate)
     got = round_to(x, name, mode, saturate=saturate)
-    bad = ~same_bits(got, want)
+    bad = ~identical_values(got, want)
     assert not bad.any(), (x[bad][:5], got[bad][:5], want[bad][:5])
 
 
@@ -222,7 +237,7 @@ def test_float64_inputs_round_once_against_the_value_table(name, mode):
     x = x32 * (1 + rng.choice([-1, 1], size=x32.size) * 2.0**-40)
     got = round_to(x, name, mode)
     assert got.dtype == np.float64
-    assert same_bits(got, table_round(x, name, mode)).all()
+    assert identical_values(got, table_round(x, name, mode)).all()
 
 
 def test_round_to_rounds_float64_once_whatever_the_library_casts_do():
@@ -251,7 +266,7 @@ def test_float64_to_float32_against_exact_rationals(mode):
         + 2.0**-24  # exact float32 ties
     got = round_to(x, "float32", mode)
     want = np.array([fraction_round(float(v), "float32", mode) for v in x])
-    assert same_bits(got, want).all()
+    assert identical_values(got, want).all()
 
 
 @pytest.mark.parametrize("name", NARROW)
@@ -260,54 +275,59 @@ def test_random_values_against_exact_rationals(name, mode):
     x = random_inputs(name, 2000, seed=6)
     x = x[np.isfinite(x)]
     want = np.array([fraction_round(float(v), name, mode) for v in x])
-    assert same_bits(round_to(x, name, mode), want).all()
-    assert same_bits(round_to(x.astype(np.float64), name, mode), want).all()
+    assert identical_values(round_to(x, name, mode), want).all()
+    assert identical_values(round_to(x.astype(np.float64), name, mode), want).all()
 
 
-# ------------------------------------------------------------------ stochastic rounding
+# ------------------------------------------------------------------ a handful of values: the Python-int tier
+
+HANDFUL = 4  # inputs of up to this many values take the Python-int tier
 
 
-@pytest.mark.parametrize(
-    "name, x",
-    [("bfloat16", 1 + 2.0**-9), ("bfloat16", -0.3), ("float16", 1e-7), ("float16", 2.0**-26),
-     ("float8_e4m3fn", 0.7), ("tf32", 1 / 3), ("bfloat16", 2.0**-140)],
-)
+def boundary_values(name: str, dtype) -> np.ndarray:
+    """Values at every threshold the rounding kernel compares, in the container dtype."""
+    fmt = get_format(name)
+    v = finite_values(name)
+    pos = v[v > 0]
+    picks = np.concatenate([pos[:6], pos[len(pos) // 2 - 3: len(pos) // 2 + 3], pos[-6:],
+                            pos[np.searchsorted(pos, fmt.min_normal) - 3:][:6]])
+    nxt = pos[np.minimum(np.searchsorted(pos, picks) + 1, len(pos) - 1)]
+    mids = (picks + nxt) / 2  # ties (exact in float64)
+    q = fmt.min_subnormal
+    top = fmt.max_finite + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)  # max + ulp/2: the overflow tie
+    extra = [q / 2, q / 4, 0.75 * q, 1.25 * q, 1.5 * q, 3 * q / 8, top, 1.5 * fmt.max_finite, 1e30]
+    base = np.concatenate([picks, mids, extra])
+    c = np.dtype(dtype).type
+    with np.errstate(over="ignore"):  # 1e30 and the overflow tie may not fit the container
+        base = base.astype(dtype)
+    out = [base]
+    for x in base:  # one container ulp either side of each
+        out.append(np.array([np.nextafter(x, c(0)), np.nextafter(x, c(np.inf))], dtype=dtype))
+    if dtype == np.float64:  # not float32 values: a second rounding would go wrong here
+        out.append((mids * (1 + 2.0**-40)).astype(dtype))
+        out.append((mids * (1 - 2.0**-40)).astype(dtype))
+    x = np.concatenate(out)
+    x = x[np.isfinite(x)]
+    x = np.concatenate([x, -x, np.array([0.0, -0.0, np.inf, -np.inf, np.nan], dtype=dtype)])
+    return x.astype(dtype)
+
+
+def in_handfuls(x: np.ndarray, fmt: str, mode: str, **kw) -> np.ndarray:
+    """round_to over x, HANDFUL values per call."""
+    return np.concatenate([round_to(np.ascontiguousarray(x[i:i + HANDFUL]), fmt, mode, **kw)
+                           for i in range(0, len(x), HANDFUL)])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_stochastic_rounding_is_unbiased(name, x, dtype):
-    n = 400_000
-    xs = np.full(n, x, dtype=dtype)
-    lo, hi = table_round(xs[:1], name, "down")[0], table_round(xs[:1], name, "up")[0]
-    x_exact = float(xs[0])
-    got = round_to(xs, name, "stochastic", generator=np.random.default_rng(7)).astype(np.float64)
-    assert set(np.unique(got)) <= {lo, hi}
-    p_up = (x_exact - lo) / (hi - lo)
-    # Five standard errors of a mean of n two-point draws: fails by chance with p < 1e-6.
-    bound = 5 * (hi - lo) * math.sqrt(p_up * (1 - p_up) / n)
-    assert abs(got.mean() - x_exact) <= bound
-    assert abs((got == hi).mean() - p_up) <= 5 * math.sqrt(p_up * (1 - p_up) / n)
-
-
-def test_stochastic_rounding_is_reproducible_from_the_generator_and_varies_between_draws():
-    x = np.full(1000, 1 + 2.0**-9, np.float32)
-    a = round_to(x, "bfloat16", "stochastic", generator=np.random.default_rng(9))
-    b = round_to(x, "bfloat16", "stochastic", generator=np.random.default_rng(9))
-    rng = np.random.default_rng(9)
-    c1 = round_to(x, "bfloat16", "stochastic", generator=rng)
-    c2 = round_to(x, "bfloat16", "stochastic", generator=rng)
-    assert np.array_equal(a, b) and np.array_equal(a, c1)
-    assert not np.array_equal(c1, c2)
-
-
-def test_stochastic_generator_may_be_passed_by_position_and_must_be_a_generator():
-    x = np.full(1000, 1 + 2.0**-9, np.float32)
-    by_name = round_to(x, "bfloat16", "stochastic", generator=np.random.default_rng(4))
-    by_position = round_to(x, "bfloat16", "stochastic", np.random.default_rng(4))
-    assert np.array_equal(by_name, by_position)
-    assert len(set(by_name.tolist())) == 2  # both neighbours drawn: it really is random
-    with pytest.raises(ValueError, match=r"generator=np\.random\.default_rng.*generator=4"):
-        round_to(x, "bfloat16", "stochastic", 4)  # a seed is not a stream
-    with pytest.raises(TypeError, match="rng"):
-        round_to(x, "bfloat16", "stochastic", rng=np.random.default_rng(4))
+@pytest.mark.parametrize("fmt", NARROW)
+def test_a_handful_of_values_rounds_like_the_table_in_every_mode(fmt, dtype):
+    x = boundary_values(fmt, dtype)
+    for saturate in (False, True) if fmt in ("float16", "float8_e4m3fn") else (False,):
+        for mode in DETERMINISTIC:
+            got = in_handfuls(x, fmt, mode, saturate=saturate, backend="emulated")
+            want = table_round(x, fmt, mode, saturate=saturate)
+            bad = ~identical_values(got, want)
+            assert not bad.any(), (fmt, mode, saturate, x[bad][:4], got[bad][:4], want[bad][:4])
 
 
 # ------------------------------------------------------------------ properties
@@ -390,6 +410,18 @@ def test_ulp_edges_and_the_bf16_rule_of_thumb():
     assert math.copysign(1, next_up(-2.0**-24, "float16")) == -1.0  # -0.0
 
 
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float8_e5m2", "float32"])
+def test_neighbours_at_the_infinities_and_nan(fmt):
+    m = get_format(fmt).max_finite
+    assert next_up(-math.inf, fmt) == -m and next_down(math.inf, fmt) == m
+    assert next_up(math.inf, fmt) == math.inf and next_down(-math.inf, fmt) == -math.inf
+    assert math.isnan(next_up(math.nan, fmt)) and math.isnan(next_down(math.nan, fmt))
+    assert next_up(m, fmt) == math.inf and next_down(-m, fmt) == -math.inf
+    got = next_up(torch.tensor([-math.inf, 0.0], dtype=torch.float64), fmt)
+    assert isinstance(got, torch.Tensor) and got.tolist() == [-m, get_format(fmt).min_subnormal]
+    assert ulp(torch.tensor([1.0]), fmt).tolist() == [get_format(fmt).eps]
+
+
 # ------------------------------------------------------------------ kinds, dtypes, errors
 
 
@@ -403,7 +435,7 @@ def test_result_kind_follows_the_input():
     z = round_to(np.array(0.1), "bfloat16")
     assert isinstance(z, np.ndarray) and z.shape == ()
     strided = np.arange(20, dtype=np.float32)[::3] / 7
-    assert same_bits(round_to(strided, "bfloat16"), strided.astype(ml_dtypes.bfloat16)).all()
+    assert identical_values(round_to(strided, "bfloat16"), strided.astype(ml_dtypes.bfloat16)).all()
     assert round_to(np.array([3], dtype=np.int64), "float8_e4m3fn").dtype == np.float64
     bf = np.array([1.5], dtype=ml_dtypes.bfloat16)
     assert round_to(bf, "float8_e5m2").dtype == np.float32
@@ -428,37 +460,45 @@ def test_integer_tensors_are_refused_by_name():
         round_to(torch.arange(3), "bfloat16")
 
 
-# ------------------------------------------------------------------ display helpers
+def test_python_scalars_integers_and_shapes():
+    assert round_to(7, "float8_e4m3fn") == 7.0 and round_to(True, "bfloat16") == 1.0
+    assert round_to(2**60 + 1, "float32") == float(2**60)
+    for shape in [(), (2, 2), (3, 5)]:
+        x = np.arange(1, 1 + math.prod(shape), dtype=np.float32).reshape(shape) * 1.01
+        got = round_to(x, "bfloat16", "up", backend="emulated")
+        assert got.shape == shape
+        assert identical_values(got, table_round(x, "bfloat16", "up")).all()
 
 
-@pytest.mark.parametrize("name", SMALL)
-def test_decompose_fields_equal_the_stored_bit_patterns(name):
-    fmt = FORMATS[name]
-    dt = np.dtype(ML_DTYPES[name])
-    step = 1 if dt.itemsize == 1 else 97  # every fp8 pattern, a spread of 16-bit ones
-    values = all_patterns(name)
-    for pattern in range(0, 2 ** (8 * dt.itemsize), step):
-        v = float(values[pattern])
-        f = decompose(v, name)
-        if math.isnan(v):
-            assert f.kind == "nan"
-            continue
-        want = f"{pattern:0{fmt.total_bits}b}"
-        assert f.bits.replace(" ", "") == want, (name, v, f.bits, want)
+def test_formats_that_hold_every_input_copy_it():
+    x = np.array([1 / 3, -1e-40, 3e38, np.nan], dtype=np.float32)
+    for fmt in ("float32", "float64"):
+        got = round_to(x, fmt)
+        assert got.dtype == np.float32 and identical_values(got, x).all()
+    y = x.astype(np.float64) * (1 + 2.0**-40)
+    assert identical_values(round_to(y, "float64"), y).all()
 
 
-def test_rounding_trace_agrees_with_round_to():
-    rng = np.random.default_rng(12)
-    for name in NARROW:
-        for mode in DETERMINISTIC:
-            signs = rng.choice([-1.0, 1.0], size=50)
-            for x in (signs * np.exp(rng.uniform(np.log(0.01), np.log(100), size=50))).astype(np.float32):
-                t = rounding_trace(float(x), name, mode)
-                assert t.value_out == float(round_to(np.float32(x).reshape(1), name, mode)[0])
-    with pytest.raises(ValueError) as err:
-        rounding_trace(1.0, "bfloat16", "stochastic")
-    assert "mode='stochastic'" in str(err.value)
-    assert "valid choices: " + ", ".join(DETERMINISTIC) in str(err.value)
+def test_seed_generator_names_the_parameter():
+    assert seed_generator(3).integers(0, 100) == np.random.default_rng(3).integers(0, 100)
+    with pytest.raises(ValueError, match=r"^seed must be an integer >= 0 \(the seed of np.random.default_rng\); got seed=-1$"):
+        seed_generator(-1)
+    with pytest.raises(ValueError, match=r"^steps must be an integer >= 0.*got steps=1.5$"):
+        seed_generator(1.5, "steps")
+    with pytest.raises(ValueError, match=r"got seed=True$"):
+        seed_generator(True)
+    assert seed_generator(np.int64(2)).integers(0, 100) == np.random.default_rng(2).integers(0, 100)
+
+
+def test_a_bfloat16_tensor_input_is_widened_exactly():
+    x = torch.tensor([1.0 + 2.0**-7, -3.0], dtype=torch.bfloat16)
+    got = round_to(x, "float8_e5m2")
+    assert got.dtype == torch.float32
+    want = np.array([1.0 + 2.0**-7, -3.0], dtype=np.float32).astype(ml_dtypes.float8_e5m2).astype(np.float32)
+    assert got.tolist() == want.tolist()
+
+
+# ------------------------------------------------------------------ out, threads and tiers
 
 
 def test_out_receives_the_result_and_is_checked():
@@ -467,11 +507,20 @@ def test_out_receives_the_result_and_is_checked():
     for mode in DETERMINISTIC:
         r = round_to(x, "bfloat16", mode, out=out)
         assert r is out
-        assert same_bits(out, table_round(x, "bfloat16", mode)).all()
+        assert identical_values(out, table_round(x, "bfloat16", mode)).all()
     with pytest.raises(ValueError, match="float32"):
         round_to(x, "bfloat16", out=np.empty(x.shape, np.float64))
     with pytest.raises(ValueError, match="NumPy input"):
         round_to(torch.from_numpy(x), "bfloat16", out=out)
+
+
+def test_a_wrong_out_array_is_described():
+    x = np.ones(4, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"^out must be a C-contiguous NumPy array of shape \(4,\) and dtype "
+                                         r"float32 for a NumPy input; got ndarray \(3,\) float64$"):
+        round_to(x, "bfloat16", out=np.empty(3))
+    with pytest.raises(ValueError, match=r"got list  $"):
+        round_to(x, "bfloat16", out=[0.0] * 4)
 
 
 def test_rounding_leaves_torch_thread_setting_alone():
@@ -511,9 +560,9 @@ def test_the_tier_depends_on_the_input_length_only(monkeypatch):
     """No call history: every call of one length takes the same tier, NumPy below 4096 values, numba from 4096."""
     import precisionlab.rounding as r
     tiers = []
-    numpy_words = r._numpy_words
-    monkeypatch.setattr(r, "_numpy_words", lambda *a: (tiers.append("numpy"), numpy_words(*a))[1])
-    monkeypatch.setattr(r, "_numba_kernel", lambda *key: lambda *a: tiers.append("numba"))
+    numpy_words = r.numpy_words  # the tiers (rounding_kernel's), as rounding calls them
+    monkeypatch.setattr(r, "numpy_words", lambda *a: (tiers.append("numpy"), numpy_words(*a))[1])
+    monkeypatch.setattr(r, "numba_kernel", lambda *key: lambda *a: tiers.append("numba"))
     for n in [100] * 12_000 + [4095, 4096, 100]:  # 12,000 calls: more than the old ledger allowed
         round_to(np.ones(n, np.float32), "bfloat16", "up")
     assert tiers == ["numpy"] * 12_001 + ["numba", "numpy"]

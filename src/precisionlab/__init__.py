@@ -12,8 +12,9 @@ floor up; a module imports only from floors below its own:
    contain another's (``contains``). ``exact`` -- exact float64 arithmetic: ``as_float64``,
    TwoSum and TwoProduct.
 2. ``rounding`` -- fl(x) into a format in six modes (``round_to``), ``ulp``,
-   ``next_up``/``next_down``, bit fields, and the one rounding-mode check. ``tables`` --
-   the chapters' table printer and the format table.
+   ``next_up``/``next_down``, bit fields, and the one rounding-mode check;
+   ``rounding_kernel``, its emulated recipe on bit patterns in Python, NumPy and numba
+   tiers. ``tables`` -- the chapters' table printer and the format table.
 3. ``quantize/`` -- scales at every grain for FP8/MX recipes: per-tensor current and
    delayed (amax history), per-block (MX, 1x128 and 128x128 tiles), two-level (NVFP4),
    with the shares that saturated, underflowed and landed subnormal. ``emulate/`` -- portable reduced-precision arithmetic with autograd: fixed-order
@@ -40,7 +41,8 @@ floor up; a module imports only from floors below its own:
    figures (``ax=None`` in, the Axes out).
 6. ``widgets/`` -- the frame switcher (its JS and CSS are package data) and one view per
    chapter. ``diagnose/`` -- the book's lessons pointed at the reader's own model: the four
-   diagnoses, triage's tracing, pairing and report (its bounds from ``intervals/torch_ops``).
+   diagnoses and their reports, triage's tracing, pairing and checks (its bounds from
+   ``intervals/torch_ops``).
 """
 
 __version__ = "1.0.0"

@@ -17,7 +17,8 @@ Two back ends give bit-identical answers:
   module and rounding short arrays never waits for a compiler (0.3-1 s cold, less from
   numba's on-disk cache), and the tier a call takes never depends on earlier calls. Every element is rounded on its
   own and stochastic mode draws element i from SplitMix64(seed + i), so results do not
-  depend on the tier, the thread count or the CPU.
+  depend on the tier, the thread count or the CPU. The recipe and its three tiers are in
+  `rounding_kernel`; this module picks the tier.
 
 `backend="auto"` uses the native cast for float16/float32 targets and the kernel elsewhere,
 because a round trip through torch's bfloat16/fp8 dtypes measured slower than the kernel's
@@ -31,9 +32,7 @@ first (exactly), since the rounded values need not fit the input's own format.
 from __future__ import annotations
 
 import functools
-import types
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +40,20 @@ import torch
 from .checks import check_choice
 from .exact import as_float64
 from .formats import FORMATS, FloatFormat, get_format
+from .rounding_kernel import (
+    DOWN,
+    F32,
+    F64,
+    NEAREST_AWAY,
+    NEAREST_EVEN,
+    STOCHASTIC,
+    TOWARD_ZERO,
+    UP,
+    numba_kernel,
+    numpy_words,
+    python_words,
+    word_params,
+)
 
 __all__ = [
     "DETERMINISTIC_MODES",
@@ -59,7 +72,6 @@ __all__ = [
 
 MODES: tuple[str, ...] = ("nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic")
 DETERMINISTIC_MODES: tuple[str, ...] = MODES[:-1]
-_NEAREST_EVEN, _NEAREST_AWAY, _TOWARD_ZERO, _UP, _DOWN, _STOCHASTIC = range(len(MODES))
 BACKENDS = ("auto", "native", "emulated")
 
 
@@ -76,140 +88,7 @@ def seed_generator(seed, name: str = "seed") -> np.random.Generator:
     return np.random.default_rng(int(seed))
 
 
-@dataclass(frozen=True)
-class _Container:
-    """The binary float a computation is carried in: float32 or float64."""
-
-    dtype: Any
-    int_dtype: Any
-    width: int  # W bits in a word
-    mantissa_bits: int  # P stored fraction bits
-    bias: int
-
-
-_F32 = _Container(np.dtype(np.float32), np.dtype(np.int32), 32, 23, 127)
-_F64 = _Container(np.dtype(np.float64), np.dtype(np.int64), 64, 52, 1023)
-
-
-def _bits(value: float, c: _Container) -> int:
-    """The container's bit pattern of a non-negative value, as a Python int."""
-    return int(np.array(value, dtype=c.dtype).view(c.int_dtype).item())
-
-
-# --------------------------------------------------------------------------- the kernel
-
-
-def _splitmix64(z):
-    """One SplitMix64 output for state z (uint64): a well-mixed 64-bit hash of a counter."""
-    z = z + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def _increment(mag, rnd, mask, lsb, neg, mode):
-    """What to add below the kept bits before clearing them (mask = the dropped bits)."""
-    half_m1 = mask >> 1
-    # "away" = a directed mode that moves this sign's magnitude away from zero.
-    away = ((mode == 3) & (not neg)) | ((mode == 4) & neg)
-    inc = 0
-    inc = half_m1 + lsb if mode == 0 else inc  # ties to even: half - 1, + 1 if the lsb is odd
-    inc = half_m1 + 1 if mode == 1 else inc  # ties away: exactly half
-    inc = (mask if away else 0) if (mode == 3) | (mode == 4) else inc
-    return (rnd & mask) if mode == 5 else inc  # uniform in [0, 2^sh): P(up) = dropped / 2^sh
-
-
-def _finish(r, mag, neg, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
-    """Apply overflow and special-value rules to the rounded magnitude r, then the sign."""
-    # Overflow: directed modes toward zero stop at the largest finite value.
-    toward = (mode == 2) | ((mode == 3) & neg) | ((mode == 4) & (not neg))
-    r = (max_bits if toward else overflow_bits) if r > max_bits else r
-    r = (inf_bits if mag == exp_mask else nan_bits) if mag >= exp_mask else r
-    return (r + sign_value) if neg else r
-
-
-def _round_word(v, rnd, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
-                overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
-    """Bits of fl(x) for one word v: |x| rounded to a multiple of 2^sh container ulps.
-
-    Written with selects, not branches, so that LLVM vectorises the loop that calls it.
-    rnd: 63 uniform random bits (used by stochastic mode only).
-    """
-    neg = v < 0
-    mag = v & ~sign_value  # clear the sign bit (sign_value is -2^(W-1))
-    big_e = mag >> mant_bits
-    e_eff = max(big_e, 1)  # subnormals share the smallest normal exponent
-    # Bits to drop: the precision gap, plus one per binade below the target's emin.
-    sh = shift_base + max(emin_b - e_eff, 0)
-    tiny = sh > mant_bits  # |x| below the smallest subnormal q: the answer is 0 or q
-    shc = min(sh, mant_bits)
-    mask = (1 << shc) - 1
-    implicit = 1 << mant_bits
-    # The kept part's last bit; or-ing in the implicit bit matters when sh == P.
-    lsb = ((mag | implicit) >> shc) & 1
-    r = (mag + _increment(mag, rnd, mask, lsb, neg, mode)) & ~mask
-    # Tiny inputs: compare with q/2, or for stochastic draw up with P = |x|/q = sig / 2^sh.
-    away = ((mode == 3) & (not neg)) | ((mode == 4) & neg)
-    sig = (mag & (implicit - 1)) | (implicit if big_e > 0 else 0)
-    thr = (sig << max(63 - sh, 0)) >> min(max(sh - 63, 0), 63)
-    up = mag > half_qmin
-    up = (mag >= half_qmin) if mode == 1 else up
-    up = False if mode == 2 else up
-    up = (away & (mag != 0)) if (mode == 3) | (mode == 4) else up
-    up = (rnd < thr) if mode == 5 else up
-    r = (qmin if up else 0) if tiny else r
-    return _finish(r, mag, neg, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
-                   sign_value, mode)
-
-
-def _round_word_uniform(v, rnd, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
-                        overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
-    """_round_word when fmt's emin is the container's own (bf16, tf32 from float32).
-
-    Then every finite input drops exactly shift_base bits and none is below fmt's smallest
-    subnormal, so the per-element shift and the tiny case disappear (about 1.6x faster).
-    """
-    neg = v < 0
-    mag = v & ~sign_value
-    mask = (1 << shift_base) - 1
-    lsb = (mag >> shift_base) & 1
-    r = (mag + _increment(mag, rnd, mask, lsb, neg, mode)) & ~mask
-    return _finish(r, mag, neg, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
-                   sign_value, mode)
-
-
-def _deterministic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
-                        overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
-    """dst = bits of fl(src) for the deterministic modes (0-4); int32/int64 views of floats."""
-    for i in numba.prange(src.size):  # noqa: F821 - bound by _numba_kernel's globals
-        dst[i] = _round_word(np.int64(src[i]), np.int64(0), mant_bits, shift_base, emin_b, qmin,
-                             half_qmin, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
-                             sign_value, mode)
-
-
-def _stochastic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
-                     overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, seed):
-    """dst = bits of stochastically rounded src; element i draws SplitMix64(seed + i)."""
-    for i in numba.prange(src.size):  # noqa: F821 - bound by _numba_kernel's globals
-        rnd = np.int64(_splitmix64(np.uint64(seed) + np.uint64(i)) >> np.uint64(1))
-        dst[i] = _round_word(np.int64(src[i]), rnd, mant_bits, shift_base, emin_b, qmin,
-                             half_qmin, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
-                             sign_value, 5)
-
-
-def _twin(fn, name: str, **replace_globals):
-    """fn under another name, optionally calling other helpers: one source, several builds.
-
-    The new name keeps numba's on-disk cache entries apart; replaced globals let the same
-    source call jitted helpers, or _round_word_uniform instead of _round_word.
-    """
-    code = fn.__code__.replace(co_name=name)
-    if hasattr(code, "co_qualname"):  # Python >= 3.11
-        code = code.replace(co_qualname=name)
-    twin = types.FunctionType(code, {**fn.__globals__, **replace_globals}, name,
-                              fn.__defaults__, fn.__closure__)
-    twin.__doc__ = fn.__doc__
-    return twin
+# --------------------------------------------------------------------------- which tier runs
 
 
 # The tier is a function of the input's length (all tiers give the same bits; only speed
@@ -226,104 +105,6 @@ _NUMBA_MIN_SIZE = 1 << 12
 # Threads pay off only on long arrays: waking them costs milliseconds on a busy machine,
 # far more than rounding a few thousand values, so shorter inputs take the serial build.
 _PARALLEL_MIN_SIZE = 1 << 16
-_KERNELS: dict[tuple[bool, bool, bool], Any] = {}  # compiled on first use
-
-
-def _numba_kernel(stochastic: bool, uniform: bool, parallel: bool):
-    """The numba build of one loop variant, compiled or loaded from numba's cache on first use."""
-    key = (stochastic, uniform, parallel)
-    if key not in _KERNELS:
-        import numba  # deferred: only arrays of 4096+ values need it (0.7 s to import)
-
-        inline = numba.njit(inline="always")
-        jitted: dict[str, Any] = {}
-        for fn in (_splitmix64, _increment, _finish, _round_word, _round_word_uniform):
-            jitted[fn.__name__] = inline(_twin(fn, fn.__name__, **jitted))
-        word = jitted["_round_word_uniform" if uniform else "_round_word"]
-        loop = _stochastic_loop if stochastic else _deterministic_loop
-        name = (f"{loop.__name__}{'_uniform' if uniform else ''}"
-                f"{'_parallel' if parallel else '_serial'}")
-        _KERNELS[key] = numba.njit(parallel=parallel, cache=True)(
-            _twin(loop, name, numba=numba, _splitmix64=jitted["_splitmix64"], _round_word=word))
-    return _KERNELS[key]
-
-
-def _python_words(src, dst, params, mode, seed, uniform):
-    """dst = bits of fl(src), running _round_word on Python ints: quickest for a few values."""
-    word = _round_word_uniform if uniform else _round_word
-    if mode == _STOCHASTIC:  # element i draws SplitMix64(seed + i), as in _stochastic_loop
-        counter = np.arange(src.size, dtype=np.uint64)
-        counter += np.uint64(seed)
-        rnds = (_splitmix64(counter) >> np.uint64(1)).astype(np.int64).tolist()
-    else:
-        rnds = [0] * src.size
-    dst[:] = [word(v, rnd, *params, mode) for v, rnd in zip(src.tolist(), rnds, strict=True)]
-
-
-def _numpy_words(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
-                 overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode, seed, uniform):
-    """dst = bits of fl(src): _round_word's recipe as whole-array NumPy operations."""
-    it = src.dtype.type  # int32 words for float32 (finite sums stay below 2^31), int64 else
-    neg = src < 0
-    mag = src & it(~sign_value)
-    rnd = None
-    if mode == _STOCHASTIC:  # element i draws SplitMix64(seed + i), as in _stochastic_loop
-        counter = np.arange(src.size, dtype=np.uint64)
-        counter += np.uint64(seed)
-        rnd = (_splitmix64(counter) >> np.uint64(1)).astype(np.int64)
-    implicit = 1 << mant_bits
-    if uniform:
-        sh = shc = it(shift_base)
-        tiny = None
-    else:
-        sh = np.maximum(emin_b - np.maximum(mag >> mant_bits, it(1)), it(0))
-        sh += it(shift_base)
-        tiny = sh > mant_bits
-        shc = np.minimum(sh, it(mant_bits))
-    mask = (it(1) << shc) - it(1)
-    away = (~neg if mode == _UP else neg) if mode in (_UP, _DOWN) else None
-    if mode == _NEAREST_EVEN:
-        inc = (mask >> it(1)) + (((mag | implicit) >> shc) & it(1))
-    elif mode == _NEAREST_AWAY:
-        inc = (mask >> it(1)) + it(1)
-    elif mode == _TOWARD_ZERO:
-        inc = it(0)
-    elif away is not None:
-        inc = mask * away.astype(it)
-    else:
-        inc = (rnd & mask).astype(it)
-    r = mag + inc  # NaN and inf patterns may wrap around here; they are replaced below
-    r &= ~mask
-    if tiny is not None and tiny.any():
-        # |x| below fmt's smallest subnormal q: 0 or q, as in _round_word.
-        t = np.flatnonzero(tiny)
-        m = mag[t].astype(np.int64)
-        if mode == _NEAREST_EVEN:
-            up = m > half_qmin
-        elif mode == _NEAREST_AWAY:
-            up = m >= half_qmin
-        elif mode == _TOWARD_ZERO:
-            up = np.zeros(t.size, dtype=bool)
-        elif away is not None:
-            up = away[t] & (m != 0)
-        else:
-            sh_t = sh[t].astype(np.int64)
-            sig = (m & (implicit - 1)) | np.where(m >> mant_bits > 0, implicit, 0)
-            thr = (sig << np.maximum(63 - sh_t, 0)) >> np.minimum(np.maximum(sh_t - 63, 0), 63)
-            up = rnd[t] < thr
-        r[t] = np.where(up, it(qmin), it(0))
-    over = r > max_bits
-    if mode == _TOWARD_ZERO:  # directed toward zero: stop at max_finite
-        np.copyto(r, it(max_bits), where=over)
-    elif away is not None:
-        np.copyto(r, it(max_bits), where=over & ~away)
-        np.copyto(r, it(overflow_bits), where=over & away)
-    else:
-        np.copyto(r, it(overflow_bits), where=over)
-    np.copyto(r, it(inf_bits), where=mag == exp_mask)
-    np.copyto(r, it(nan_bits), where=mag > exp_mask)
-    np.add(r, it(sign_value), out=dst, where=neg)
-    np.copyto(dst, r, where=~neg)
 
 
 # --------------------------------------------------------------------------- public API
@@ -401,41 +182,26 @@ def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
     return lambda out: torch.from_numpy(out).copy_(torch.from_numpy(a).to(fmt.torch_dtype))
 
 
-@functools.cache
-def _word_params(fmt: FloatFormat, c: _Container, saturate: bool) -> tuple[int, ...]:
-    """The scalar arguments of _round_word for fmt in container c, as Python ints."""
-    exp_mask = ((1 << (c.width - 1 - c.mantissa_bits)) - 1) << c.mantissa_bits
-    nan_bits = exp_mask | (1 << (c.mantissa_bits - 1))  # the quiet NaN
-    max_bits = _bits(fmt.max_finite, c)
-    if saturate:
-        overflow_bits = inf_bits = max_bits
-    else:
-        overflow_bits = inf_bits = exp_mask if fmt.has_inf else nan_bits
-    return (c.mantissa_bits, c.mantissa_bits - fmt.mantissa_bits, fmt.emin + c.bias,
-            _bits(fmt.min_subnormal, c), _bits(fmt.min_subnormal / 2, c), max_bits,
-            overflow_bits, inf_bits, nan_bits, exp_mask, -(1 << (c.width - 1)))
-
-
 def _emulate(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, generator,
              saturate: bool):
     """Write fl(a) into out by the add-then-clear recipe: Python, NumPy or numba tier."""
-    c = _F32 if a.dtype == np.float32 else _F64
+    c = F32 if a.dtype == np.float32 else F64
     src, dst = a.view(c.int_dtype).ravel(), out.view(c.int_dtype).reshape(-1)
-    params = _word_params(fmt, c, saturate)
+    params = word_params(fmt, c, saturate)
     uniform = fmt.emin + c.bias <= 1  # fmt's normal range reaches down to the container's
-    seed = int(generator.integers(0, 2**63)) if code == _STOCHASTIC else 0
+    seed = int(generator.integers(0, 2**63)) if code == STOCHASTIC else 0
     if a.size <= _PYTHON_MAX_SIZE:
-        _python_words(src, dst, params, code, seed, uniform)
+        python_words(src, dst, params, code, seed, uniform)
         return
     if a.size < _NUMBA_MIN_SIZE:
-        _numpy_words(src, dst, *params, code, seed, uniform)
+        numpy_words(src, dst, *params, code, seed, uniform)
         return
     # Follow torch's thread setting: one thread there means serial here too. numba's OpenMP
     # layer resets the process-wide OpenMP thread count, which torch shares, so it is put back.
     torch_threads = torch.get_num_threads()
     parallel = a.size >= _PARALLEL_MIN_SIZE and torch_threads > 1
-    kernel = _numba_kernel(code == _STOCHASTIC, uniform, parallel)
-    kernel(src, dst, *params, seed if code == _STOCHASTIC else code)
+    kernel = numba_kernel(code == STOCHASTIC, uniform, parallel)
+    kernel(src, dst, *params, seed if code == STOCHASTIC else code)
     if parallel and torch.get_num_threads() != torch_threads:
         torch.set_num_threads(torch_threads)
 
@@ -551,7 +317,7 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
     fmt = get_format(fmt)
     code = _mode_code(mode)
     check_choice(backend, "backend", BACKENDS)
-    if code == _STOCHASTIC and not isinstance(generator, np.random.Generator):
+    if code == STOCHASTIC and not isinstance(generator, np.random.Generator):
         raise ValueError(
             "stochastic rounding needs generator=np.random.default_rng(seed), "
             f"got generator={generator!r}"
@@ -569,7 +335,7 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
     if fmt.name == "float64" or (fmt.name == "float32" and a.dtype == np.float32):
         np.copyto(out, a)  # every input value is already representable
         return restore(out)
-    native = _native_cast(a, fmt, saturate) if code == _NEAREST_EVEN else None
+    native = _native_cast(a, fmt, saturate) if code == NEAREST_EVEN else None
     if backend == "native" and native is None:
         raise ValueError(
             f"no exact native cast for {a.dtype} -> {fmt.name} with mode={mode!r}, "
@@ -828,7 +594,7 @@ def rounding_trace(x: float, fmt, mode: str = "nearest_even") -> RoundingTrace:
     """Show the add-then-clear recipe on one normal float32 value (not the tiny or overflow cases)."""
     fmt = get_format(fmt)
     code = _mode_code(mode)
-    if code == _STOCHASTIC:
+    if code == STOCHASTIC:
         raise ValueError(f"rounding_trace shows a fixed increment, which stochastic rounding draws at "
                          f"random; got mode={mode!r}; valid choices: {', '.join(DETERMINISTIC_MODES)}")
     a = np.float32(x)
@@ -842,11 +608,11 @@ def rounding_trace(x: float, fmt, mode: str = "nearest_even") -> RoundingTrace:
             f"least one bit; got {x!r}"
         )
     mask = (1 << sh) - 1
-    away = (code == _UP and not neg) or (code == _DOWN and neg)
+    away = (code == UP and not neg) or (code == DOWN and neg)
     inc = {
-        _NEAREST_EVEN: (mask >> 1) + (((mag | 1 << 23) >> sh) & 1),
-        _NEAREST_AWAY: (mask >> 1) + 1,
-        _TOWARD_ZERO: 0,
+        NEAREST_EVEN: (mask >> 1) + (((mag | 1 << 23) >> sh) & 1),
+        NEAREST_AWAY: (mask >> 1) + 1,
+        TOWARD_ZERO: 0,
     }.get(code, mask if away else 0)
     out = ((mag + inc) & ~mask) | (neg << 31)
 

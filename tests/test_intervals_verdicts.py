@@ -1,15 +1,19 @@
-"""Review of precisionlab.intervals (issue 16): regressions for faults found by independent oracles.
+"""precisionlab.intervals.verdicts: classify on programs whose values leave the format.
 
-A verdict with reference_rule compares two bounds, the target's and the reference program's
-own, and must stay Type-I when both programs are correct whatever their round-off, overflow
-included. A float16 reference whose running sum overflows to NaN (inf - inf) or to inf, or
-whose -1e9 mask bias overflows float16 so that a fully masked row's softmax is NaN, is still
-a correct program: its bound allows that value, and the two bounds share the exact result
-(checked here by rational arithmetic).
+A verdict compares the target's bound with the reference program's values; non-finite values
+in one program only are reported, a non-finite reference the bound excludes is a bug, NaN in
+both programs where the bound allows it is no difference, and identical programs that
+overflow to inf are not bugs. With reference_rule a verdict compares two bounds, the target's
+and the reference program's own, and must stay Type-I when both programs are correct whatever
+their round-off, overflow included: a float16 reference whose running sum overflows to NaN
+(inf - inf) or to inf, or whose -1e9 mask bias overflows float16 so that a fully masked row's
+softmax is NaN, is still a correct program: its bound allows that value, and the two bounds
+share the exact result (checked here by rational arithmetic). Genuine bugs stay Type-II.
 """
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -18,6 +22,48 @@ import pytest
 from precisionlab import intervals as iv
 
 X = np.array([[60256.0, 60256.0, -60256.0, -60256.0]])  # float16 values; the exact sum is 0
+
+
+# --------------------------------------------------------------------------- non-finite values against a reference program
+
+
+def test_identical_programs_that_overflow_to_inf_are_not_bugs():
+    x = np.array([[60000.0, 60000.0, 1.0], [1.0, 2.0, 3.0]])
+    prog = [iv.Layer("fp16 sum", lambda v: iv.sum_(v, iv.Kernel("sequential", acc="float16")))]
+    v = iv.classify(prog, prog, x)
+    assert v.verdict == "Type-I" and v.nonfinite == 0
+    assert iv.allclose(iv.sum_(x, iv.Kernel("sequential", acc="float16")), np.array([math.inf, 6.0]), 0, 0)
+
+
+def test_inf_where_the_reference_is_finite_is_reported():
+    x = np.array([[60000.0, 60000.0], [1.0, 2.0]])
+    target = [iv.Layer("fp16 sum", lambda v: iv.sum_(v, iv.Kernel("sequential", acc="float16")))]
+    reference = [iv.Layer("fp32 sum", lambda v: iv.sum_(v, iv.Kernel("sequential", acc="float32")))]
+    v = iv.classify(target, reference, x)
+    c = v.layers[0]
+    assert v.verdict == "Type-I"  # float16's range explains it: round-off, not a bug
+    assert c.nonfinite == 1 and c.nonfinite_index == (0,) and c.nonfinite_target == math.inf
+    assert c.nonfinite_reference == 120000.0 and "non-finite in one program only" in str(v)
+
+
+def test_a_non_finite_reference_the_bound_excludes_is_a_bug():
+    x = np.array([[1.0, 2.0], [3.0, 4.0]])
+    prog = [iv.Layer("sum", lambda v: iv.sum_(v, iv.Kernel()))]
+    for bad in (np.array([3.0, math.nan]), np.array([math.inf, 7.0])):
+        v = iv.classify(prog, bad, x)
+        assert v.verdict == "Type-II" and v.margin == -math.inf and v.nonfinite == 1
+
+
+def test_nan_in_both_programs_where_the_bound_allows_nan_is_no_difference():
+    x = np.array([[math.inf, -math.inf, 1.0], [1.0, 2.0, 3.0]])
+    prog = [iv.Layer("sum", lambda v: iv.sum_(v, iv.Kernel("pairwise")))]
+    v = iv.classify(prog, prog, x)
+    assert v.verdict == "Type-I" and v.nonfinite == 0
+    assert iv.classify(prog, np.array([math.nan, 6.0]), x).verdict == "Type-I"
+    assert iv.classify(prog, np.array([0.0, 6.0]), x).verdict == "Type-II"  # NaN only: 0 is not possible
+
+
+# --------------------------------------------------------------------------- reference_rule: two bounds
 
 
 def _sum_layer(order: str, acc: str) -> iv.Layer:

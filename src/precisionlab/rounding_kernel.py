@@ -1,0 +1,293 @@
+"""The emulated back end of `rounding.round_to`: integer arithmetic on float32/float64 bit
+patterns, one recipe in three tiers that give the same bits.
+
+The recipe (`_round_word`): add a mode-dependent increment below the bits the target format
+keeps, then clear them. Carries ripple into the exponent on their own, which is why it is
+exact; a value below the format's smallest subnormal goes to 0 or to it, and overflow and the
+special values follow the format's rules (`_finish`). Stochastic mode draws element i's 63
+random bits from SplitMix64(seed + i). The tiers: `python_words` runs the recipe on Python ints
+(a handful of values), `numpy_words` as whole-array NumPy operations, and `numba_kernel` builds
+it as a fused numba loop, serial or parallel, from the same source (`_twin`). `word_params`
+gives the recipe's scalar arguments for a format in a container (`F32`, `F64`); the mode codes
+are the modes' positions in `rounding.MODES`. Which tier runs is `rounding`'s choice, by the
+input's length alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .formats import FloatFormat
+
+__all__ = [
+    "DOWN",
+    "F32",
+    "F64",
+    "NEAREST_AWAY",
+    "NEAREST_EVEN",
+    "STOCHASTIC",
+    "TOWARD_ZERO",
+    "UP",
+    "Container",
+    "numba_kernel",
+    "numpy_words",
+    "python_words",
+    "word_params",
+]
+
+# The mode codes the recipe branches on: each mode's position in rounding.MODES
+# (nearest_even, nearest_away, toward_zero, up, down, stochastic).
+NEAREST_EVEN, NEAREST_AWAY, TOWARD_ZERO, UP, DOWN, STOCHASTIC = range(6)
+
+
+@dataclass(frozen=True)
+class Container:
+    """The binary float a computation is carried in: float32 or float64."""
+
+    dtype: Any
+    int_dtype: Any
+    width: int  # W bits in a word
+    mantissa_bits: int  # P stored fraction bits
+    bias: int
+
+
+F32 = Container(np.dtype(np.float32), np.dtype(np.int32), 32, 23, 127)
+F64 = Container(np.dtype(np.float64), np.dtype(np.int64), 64, 52, 1023)
+
+
+def _bits(value: float, c: Container) -> int:
+    """The container's bit pattern of a non-negative value, as a Python int."""
+    return int(np.array(value, dtype=c.dtype).view(c.int_dtype).item())
+
+
+@functools.cache
+def word_params(fmt: FloatFormat, c: Container, saturate: bool) -> tuple[int, ...]:
+    """The scalar arguments of _round_word for fmt in container c, as Python ints."""
+    exp_mask = ((1 << (c.width - 1 - c.mantissa_bits)) - 1) << c.mantissa_bits
+    nan_bits = exp_mask | (1 << (c.mantissa_bits - 1))  # the quiet NaN
+    max_bits = _bits(fmt.max_finite, c)
+    if saturate:
+        overflow_bits = inf_bits = max_bits
+    else:
+        overflow_bits = inf_bits = exp_mask if fmt.has_inf else nan_bits
+    return (c.mantissa_bits, c.mantissa_bits - fmt.mantissa_bits, fmt.emin + c.bias,
+            _bits(fmt.min_subnormal, c), _bits(fmt.min_subnormal / 2, c), max_bits,
+            overflow_bits, inf_bits, nan_bits, exp_mask, -(1 << (c.width - 1)))
+
+
+def _splitmix64(z):
+    """One SplitMix64 output for state z (uint64): a well-mixed 64-bit hash of a counter."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _increment(mag, rnd, mask, lsb, neg, mode):
+    """What to add below the kept bits before clearing them (mask = the dropped bits)."""
+    half_m1 = mask >> 1
+    # "away" = a directed mode that moves this sign's magnitude away from zero.
+    away = ((mode == 3) & (not neg)) | ((mode == 4) & neg)
+    inc = 0
+    inc = half_m1 + lsb if mode == 0 else inc  # ties to even: half - 1, + 1 if the lsb is odd
+    inc = half_m1 + 1 if mode == 1 else inc  # ties away: exactly half
+    inc = (mask if away else 0) if (mode == 3) | (mode == 4) else inc
+    return (rnd & mask) if mode == 5 else inc  # uniform in [0, 2^sh): P(up) = dropped / 2^sh
+
+
+def _finish(r, mag, neg, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
+    """Apply overflow and special-value rules to the rounded magnitude r, then the sign."""
+    # Overflow: directed modes toward zero stop at the largest finite value.
+    toward = (mode == 2) | ((mode == 3) & neg) | ((mode == 4) & (not neg))
+    r = (max_bits if toward else overflow_bits) if r > max_bits else r
+    r = (inf_bits if mag == exp_mask else nan_bits) if mag >= exp_mask else r
+    return (r + sign_value) if neg else r
+
+
+def _round_word(v, rnd, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
+                overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
+    """Bits of fl(x) for one word v: |x| rounded to a multiple of 2^sh container ulps.
+
+    Written with selects, not branches, so that LLVM vectorises the loop that calls it.
+    rnd: 63 uniform random bits (used by stochastic mode only).
+    """
+    neg = v < 0
+    mag = v & ~sign_value  # clear the sign bit (sign_value is -2^(W-1))
+    big_e = mag >> mant_bits
+    e_eff = max(big_e, 1)  # subnormals share the smallest normal exponent
+    # Bits to drop: the precision gap, plus one per binade below the target's emin.
+    sh = shift_base + max(emin_b - e_eff, 0)
+    tiny = sh > mant_bits  # |x| below the smallest subnormal q: the answer is 0 or q
+    shc = min(sh, mant_bits)
+    mask = (1 << shc) - 1
+    implicit = 1 << mant_bits
+    # The kept part's last bit; or-ing in the implicit bit matters when sh == P.
+    lsb = ((mag | implicit) >> shc) & 1
+    r = (mag + _increment(mag, rnd, mask, lsb, neg, mode)) & ~mask
+    # Tiny inputs: compare with q/2, or for stochastic draw up with P = |x|/q = sig / 2^sh.
+    away = ((mode == 3) & (not neg)) | ((mode == 4) & neg)
+    sig = (mag & (implicit - 1)) | (implicit if big_e > 0 else 0)
+    thr = (sig << max(63 - sh, 0)) >> min(max(sh - 63, 0), 63)
+    up = mag > half_qmin
+    up = (mag >= half_qmin) if mode == 1 else up
+    up = False if mode == 2 else up
+    up = (away & (mag != 0)) if (mode == 3) | (mode == 4) else up
+    up = (rnd < thr) if mode == 5 else up
+    r = (qmin if up else 0) if tiny else r
+    return _finish(r, mag, neg, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
+                   sign_value, mode)
+
+
+def _round_word_uniform(v, rnd, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
+                        overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
+    """_round_word when fmt's emin is the container's own (bf16, tf32 from float32).
+
+    Then every finite input drops exactly shift_base bits and none is below fmt's smallest
+    subnormal, so the per-element shift and the tiny case disappear (about 1.6x faster).
+    """
+    neg = v < 0
+    mag = v & ~sign_value
+    mask = (1 << shift_base) - 1
+    lsb = (mag >> shift_base) & 1
+    r = (mag + _increment(mag, rnd, mask, lsb, neg, mode)) & ~mask
+    return _finish(r, mag, neg, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
+                   sign_value, mode)
+
+
+def _deterministic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
+                        overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode):
+    """dst = bits of fl(src) for the deterministic modes (0-4); int32/int64 views of floats."""
+    for i in numba.prange(src.size):  # noqa: F821 - bound by numba_kernel's globals
+        dst[i] = _round_word(np.int64(src[i]), np.int64(0), mant_bits, shift_base, emin_b, qmin,
+                             half_qmin, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
+                             sign_value, mode)
+
+
+def _stochastic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
+                     overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, seed):
+    """dst = bits of stochastically rounded src; element i draws SplitMix64(seed + i)."""
+    for i in numba.prange(src.size):  # noqa: F821 - bound by numba_kernel's globals
+        rnd = np.int64(_splitmix64(np.uint64(seed) + np.uint64(i)) >> np.uint64(1))
+        dst[i] = _round_word(np.int64(src[i]), rnd, mant_bits, shift_base, emin_b, qmin,
+                             half_qmin, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
+                             sign_value, 5)
+
+
+def _twin(fn, name: str, **replace_globals):
+    """fn under another name, optionally calling other helpers: one source, several builds.
+
+    The new name keeps numba's on-disk cache entries apart; replaced globals let the same
+    source call jitted helpers, or _round_word_uniform instead of _round_word.
+    """
+    code = fn.__code__.replace(co_name=name)
+    if hasattr(code, "co_qualname"):  # Python >= 3.11
+        code = code.replace(co_qualname=name)
+    twin = types.FunctionType(code, {**fn.__globals__, **replace_globals}, name,
+                              fn.__defaults__, fn.__closure__)
+    twin.__doc__ = fn.__doc__
+    return twin
+
+
+_KERNELS: dict[tuple[bool, bool, bool], Any] = {}  # compiled on first use
+
+
+def numba_kernel(stochastic: bool, uniform: bool, parallel: bool):
+    """The numba build of one loop variant, compiled or loaded from numba's cache on first use."""
+    key = (stochastic, uniform, parallel)
+    if key not in _KERNELS:
+        import numba  # deferred: only arrays of 4096+ values need it (0.7 s to import)
+
+        inline = numba.njit(inline="always")
+        jitted: dict[str, Any] = {}
+        for fn in (_splitmix64, _increment, _finish, _round_word, _round_word_uniform):
+            jitted[fn.__name__] = inline(_twin(fn, fn.__name__, **jitted))
+        word = jitted["_round_word_uniform" if uniform else "_round_word"]
+        loop = _stochastic_loop if stochastic else _deterministic_loop
+        name = (f"{loop.__name__}{'_uniform' if uniform else ''}"
+                f"{'_parallel' if parallel else '_serial'}")
+        _KERNELS[key] = numba.njit(parallel=parallel, cache=True)(
+            _twin(loop, name, numba=numba, _splitmix64=jitted["_splitmix64"], _round_word=word))
+    return _KERNELS[key]
+
+
+def python_words(src, dst, params, mode, seed, uniform):
+    """dst = bits of fl(src), running _round_word on Python ints: quickest for a few values."""
+    word = _round_word_uniform if uniform else _round_word
+    if mode == STOCHASTIC:  # element i draws SplitMix64(seed + i), as in _stochastic_loop
+        counter = np.arange(src.size, dtype=np.uint64)
+        counter += np.uint64(seed)
+        rnds = (_splitmix64(counter) >> np.uint64(1)).astype(np.int64).tolist()
+    else:
+        rnds = [0] * src.size
+    dst[:] = [word(v, rnd, *params, mode) for v, rnd in zip(src.tolist(), rnds, strict=True)]
+
+
+def numpy_words(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
+                 overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, mode, seed, uniform):
+    """dst = bits of fl(src): _round_word's recipe as whole-array NumPy operations."""
+    it = src.dtype.type  # int32 words for float32 (finite sums stay below 2^31), int64 else
+    neg = src < 0
+    mag = src & it(~sign_value)
+    rnd = None
+    if mode == STOCHASTIC:  # element i draws SplitMix64(seed + i), as in _stochastic_loop
+        counter = np.arange(src.size, dtype=np.uint64)
+        counter += np.uint64(seed)
+        rnd = (_splitmix64(counter) >> np.uint64(1)).astype(np.int64)
+    implicit = 1 << mant_bits
+    if uniform:
+        sh = shc = it(shift_base)
+        tiny = None
+    else:
+        sh = np.maximum(emin_b - np.maximum(mag >> mant_bits, it(1)), it(0))
+        sh += it(shift_base)
+        tiny = sh > mant_bits
+        shc = np.minimum(sh, it(mant_bits))
+    mask = (it(1) << shc) - it(1)
+    away = (~neg if mode == UP else neg) if mode in (UP, DOWN) else None
+    if mode == NEAREST_EVEN:
+        inc = (mask >> it(1)) + (((mag | implicit) >> shc) & it(1))
+    elif mode == NEAREST_AWAY:
+        inc = (mask >> it(1)) + it(1)
+    elif mode == TOWARD_ZERO:
+        inc = it(0)
+    elif away is not None:
+        inc = mask * away.astype(it)
+    else:
+        inc = (rnd & mask).astype(it)
+    r = mag + inc  # NaN and inf patterns may wrap around here; they are replaced below
+    r &= ~mask
+    if tiny is not None and tiny.any():
+        # |x| below fmt's smallest subnormal q: 0 or q, as in _round_word.
+        t = np.flatnonzero(tiny)
+        m = mag[t].astype(np.int64)
+        if mode == NEAREST_EVEN:
+            up = m > half_qmin
+        elif mode == NEAREST_AWAY:
+            up = m >= half_qmin
+        elif mode == TOWARD_ZERO:
+            up = np.zeros(t.size, dtype=bool)
+        elif away is not None:
+            up = away[t] & (m != 0)
+        else:
+            sh_t = sh[t].astype(np.int64)
+            sig = (m & (implicit - 1)) | np.where(m >> mant_bits > 0, implicit, 0)
+            thr = (sig << np.maximum(63 - sh_t, 0)) >> np.minimum(np.maximum(sh_t - 63, 0), 63)
+            up = rnd[t] < thr
+        r[t] = np.where(up, it(qmin), it(0))
+    over = r > max_bits
+    if mode == TOWARD_ZERO:  # directed toward zero: stop at max_finite
+        np.copyto(r, it(max_bits), where=over)
+    elif away is not None:
+        np.copyto(r, it(max_bits), where=over & ~away)
+        np.copyto(r, it(overflow_bits), where=over & away)
+    else:
+        np.copyto(r, it(overflow_bits), where=over)
+    np.copyto(r, it(inf_bits), where=mag == exp_mask)
+    np.copyto(r, it(nan_bits), where=mag > exp_mask)
+    np.add(r, it(sign_value), out=dst, where=neg)
+    np.copyto(dst, r, where=~neg)

@@ -13,9 +13,14 @@
   the deterministic-algorithm flags, and by how many ulps.
 
 Each returns a `Report`: plain data, printed as a table, drawn by `.plot(ax=None)`.
-Files: `report`, `gradients` (with `recipe_shares`, its shares and table under a scaling
-recipe, and `scale_view`, the picture and alt text of its loss-scale view), `mismatch`,
-`determinism`; triage's `triage` (tracing, verdict), `opcheck` (each paired operation's
+A batch is a tensor, a tuple of positional inputs, or a dict of keyword inputs (a tokenizer's
+input_ids and attention_mask: model(**batch)); a model may return a tensor, a tuple, a dict
+or a Hugging Face ModelOutput (triage compares its logits, or `output=`'s field).
+Files: `batch` (that normalisation, shared by the four), `report`, `gradients` (the one backward and the counting) with `gradient_report`
+(`TensorGradients`, `GradientReport` and the cast thresholds they read), `recipe_shares` (its
+shares and table under a scaling recipe) and `scale_view` (the picture and alt text of its
+loss-scale view), `mismatch`, `determinism`; triage's `triage` (tracing, verdict),
+`triage_report` (`TriageReport`: summary, table, plot), `opcheck` (each paired operation's
 check), `shown` (the tensor a check's element indexes) and `pairing` (which operations
 compare, and the bounds that pairing decides). The interval rules triage bounds each
 operation with live in `precisionlab.intervals.torch_ops`, imported by its public names.
@@ -23,11 +28,13 @@ operation with live in `precisionlab.intervals.torch_ops`, imported by its publi
 
 from ..intervals.torch_ops import supported
 from .determinism import DeterminismReport, determinism, ulp_distance
-from .gradients import GradientReport, TensorGradients, cast_thresholds, gradients
+from .gradient_report import GradientReport, TensorGradients, cast_thresholds
+from .gradients import gradients
 from .mismatch import SETTINGS, MismatchReport, logprobs, mismatch
 from .recipe_shares import RecipeShares
 from .report import Report
-from .triage import OpCheck, TriageReport, UnsupportedOperation, triage
+from .triage import OpCheck, UnsupportedOperation, triage
+from .triage_report import TriageReport
 
 __all__ = [
     "SETTINGS",

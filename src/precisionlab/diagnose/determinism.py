@@ -18,7 +18,8 @@ import torch
 
 from ..checks import check_count
 from ..tables import Table
-from .report import Report, as_inputs, check_scalar_loss, fmt_share, new_axes, rows_fit, short
+from .batch import as_inputs, call
+from .report import Report, check_scalar_loss, fmt_share, new_axes, rows_fit, short
 
 __all__ = ["DeterminismReport", "determinism", "ulp_distance"]
 
@@ -251,7 +252,7 @@ def _flatten(out, name="output") -> list[tuple[str, torch.Tensor]]:
 
 def _run(fn, inputs, loss_fn, params):
     with torch.enable_grad() if loss_fn is not None else torch.no_grad():
-        out = fn(*inputs)
+        out = call(fn, inputs)
         named = [(n, t.detach().clone()) for n, t in _flatten(out)]
         if not named:
             raise ValueError(f"fn must return a tensor or a tuple/list/dict of tensors; got "
@@ -276,9 +277,11 @@ def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: b
     Parameters
     ----------
     fn : torch.nn.Module or callable
-        fn(*inputs) returns a tensor, or a tuple, list or dict of tensors (nested).
-    inputs : torch.Tensor or tuple
-        A tensor, or a non-empty tuple or list of positional inputs.
+        fn(*inputs) returns a tensor, or a tuple, list or dict of tensors (nested; a
+        Hugging Face ModelOutput is a dict).
+    inputs : torch.Tensor, tuple or dict
+        A tensor, a non-empty tuple or list of positional inputs, or a dict of keyword
+        inputs (a tokenizer's input_ids and attention_mask), passed as fn(**inputs).
     threads : sequence of int
         Thread counts (torch.set_num_threads), each >= 1; the first is the baseline.
         Default: (1, 2, 4).
@@ -301,7 +304,7 @@ def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: b
     Raises
     ------
     ValueError
-        If fn or loss_fn is not callable, inputs is not a tensor or a tuple, threads is
+        If fn or loss_fn is not callable, inputs is not a tensor, a tuple or a dict, threads is
         empty or holds a non-positive integer, repeats is negative, loss_fn is given for an
         fn that is not a Module with trainable parameters, fn returns no tensor, or loss_fn
         returns no scalar loss.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +22,8 @@ from ..checks import check_positive_int
 from ..formats import get_format
 from ..plotting import plot_beta_vs_logprob
 from ..tables import Table
-from .report import Report, as_inputs, check_module, fmt_share, new_axes
+from .batch import as_inputs, call, cast, output_tensors
+from .report import Report, check_module, fmt_share, new_axes
 
 __all__ = ["SETTINGS", "MismatchReport", "logprobs", "mismatch"]
 
@@ -32,7 +33,10 @@ SETTINGS: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16", "autoc
 
 def _logits_of(out, name: str) -> torch.Tensor:
     """The logits in a model's output: a tensor, or an object with .logits (Hugging Face)."""
-    if not isinstance(out, torch.Tensor) and hasattr(out, "logits"):
+    if isinstance(out, Mapping):  # a dict or ModelOutput: its logits, else its only tensor
+        ts = output_tensors(out, None, name)
+        out = ts[0] if len(ts) == 1 else out
+    elif not isinstance(out, torch.Tensor) and hasattr(out, "logits"):
         out = out.logits
     if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.ndim < 2 \
             or out.shape[-1] < 2:
@@ -46,7 +50,7 @@ def _logits_of(out, name: str) -> torch.Tensor:
 def _runner(model, setting) -> Callable:
     """A function inputs -> logits that runs model under setting."""
     if callable(setting) and not isinstance(setting, str):
-        return lambda inputs: _logits_of(setting(*inputs), "the setting callable")
+        return lambda inputs: _logits_of(call(setting, inputs), "the setting callable")
     if setting not in SETTINGS:
         raise ValueError(f"unknown precision setting {setting!r}; valid choices: "
                          f"{', '.join(SETTINGS)}, or a callable inputs -> logits")
@@ -56,7 +60,7 @@ def _runner(model, setting) -> Callable:
 
         def run(inputs):
             with torch.autocast(dev, dtype=dtype):
-                return _logits_of(model(*inputs), "model")
+                return _logits_of(call(model, inputs), "model")
         return run
     dtype = get_format(setting).torch_dtype
     if all(p.dtype == dtype for p in model.parameters()):
@@ -65,9 +69,7 @@ def _runner(model, setting) -> Callable:
         m = copy.deepcopy(model).to(dtype)
 
     def run(inputs):
-        cast = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                     for x in inputs)
-        return _logits_of(m(*cast), "model")
+        return _logits_of(call(m, cast(inputs, dtype)), "model")
     return run
 
 
@@ -236,8 +238,8 @@ class MismatchReport(Report):
 
 def _targets(inputs, logits, targets):
     """(logits, targets) aligned: given targets must match logits.shape[:-1]; by default the next tokens of inputs[0]."""
-    if targets is None:
-        x = inputs[0]
+    if targets is None:  # a dict batch's input_ids, else the first input
+        x = inputs.kwargs.get("input_ids", inputs[0])
         if x.is_floating_point() or tuple(x.shape) != tuple(logits.shape[:-1]):
             raise ValueError("targets=None takes the next token of the first input as target, "
                              "which needs integer token ids shaped like the logits without their "
@@ -266,11 +268,14 @@ def mismatch(model, batch, targets=None, reference="float32", other="bfloat16",
     Parameters
     ----------
     model : torch.nn.Module
-        A language model: model(*batch) returns logits (..., vocabulary), or an object with
-        .logits (Hugging Face). It runs in eval mode under torch.no_grad (its mode is put
-        back afterwards); the cast settings run on a copy.
-    batch : torch.Tensor or tuple
-        The model's input: a tensor, or a non-empty tuple or list of positional inputs.
+        A language model: model(*batch) returns logits (..., vocabulary), or a dict or an
+        object with .logits (Hugging Face). It runs in eval mode under torch.no_grad (each
+        submodule's own mode is put back afterwards); the cast settings run on a copy.
+    batch : torch.Tensor, tuple or dict
+        The model's input: a tensor, a non-empty tuple or list of positional inputs, or a
+        dict of keyword inputs (a tokenizer's input_ids and attention_mask), passed as
+        model(**batch); integer tensors are never cast. With targets=None a dict's
+        input_ids (else the first input) give the targets.
     targets : torch.Tensor or None, default None
         Integer token ids of the logits' shape without the last axis, each in
         0 .. vocabulary - 1. None scores the next token of batch's first input (integer
@@ -295,7 +300,7 @@ def mismatch(model, batch, targets=None, reference="float32", other="bfloat16",
     Raises
     ------
     ValueError
-        If model is not a Module with parameters, batch is not a tensor or a tuple, a
+        If model is not a Module with parameters, batch is not a tensor, tuple or dict, a
         setting is unknown or returns no logits, the two settings' logits differ in shape,
         targets do not fit the logits, eps lies outside (0, 1) or top is not a positive
         integer.
@@ -324,13 +329,14 @@ def mismatch(model, batch, targets=None, reference="float32", other="bfloat16",
     if not (isinstance(eps, (int, float)) and 0 < eps < 1):
         raise ValueError(f"eps must be a number in (0, 1); got eps={eps!r}")
     check_positive_int(top, "top")
-    was_training = model.training
+    modes = [(m, m.training) for m in model.modules()]  # each submodule's own mode
     model.eval()
     try:
         with torch.no_grad():
             lr_, lo_ = _runner(model, reference)(inputs), _runner(model, other)(inputs)
     finally:
-        model.train(was_training)
+        for m, was_training in modes:
+            m.training = was_training
     if lr_.shape != lo_.shape:
         raise ValueError(f"the two settings return logits of different shapes {tuple(lr_.shape)} "
                          f"and {tuple(lo_.shape)}")

@@ -13,8 +13,8 @@ import torch
 from .. import intervals as iv
 from ..intervals import torch_ops as bd
 
-__all__ = ["OpCheck", "check", "check_any", "check_hull", "check_inside", "check_values", "hull",
-           "union", "values"]
+__all__ = ["OpCheck", "check", "check_any", "check_hull", "check_inside", "check_values", "empty",
+           "hull", "union", "values"]
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,14 @@ def check_hull(index, op, ref: torch.Tensor, tgt: torch.Tensor) -> tuple[OpCheck
     return check_any(index, op, b.lo, b.hi, r, t, True), b
 
 
+def empty(index, op, shape, exact: bool = False) -> OpCheck:
+    """The check of an operation whose output has no entries (a zero-size cache tensor): Type-I,
+    numel 0, and no worst element (element (), margin inf, values NaN)."""
+    nan = math.nan
+    return OpCheck(index, op, "Type-I", 0, 0, (), math.inf, 0.0, nan, nan, nan, nan, 0, exact,
+                   tuple(shape))
+
+
 def _inside(index, op, lo, hi, ref, tgt, exact, flat, m, w) -> OpCheck:
     """The Type-I check from `bd.inside_worst`'s worst entry (flat index), margin and width."""
     el, rest = [], int(flat)  # np.unravel_index(flat, lo.shape), in C order
@@ -168,6 +176,8 @@ def check(index, op, bound: iv.Interval, ref: np.ndarray, tgt: np.ndarray,
           exact: bool = False) -> OpCheck:
     """The reference against the target's bound: outside count, worst element, margin, width."""
     lo, hi = bound.lo, bound.hi
+    if not ref.size:
+        return empty(index, op, ref.shape, exact)
     if lo.size and lo.shape == hi.shape == ref.shape == tgt.shape:
         flat, m, w = bd.inside_worst(bd.flat(lo), bd.flat(hi), _flat(ref), _flat(tgt),
                                      False, _NONE, _NONE)
@@ -189,6 +199,8 @@ def _flat(a: np.ndarray) -> np.ndarray:
 
 def check_any(index, op, lo, hi, ref, tgt, exact) -> OpCheck:
     """`check` for any values: NaN and values outside included."""
+    if not np.size(ref):
+        return empty(index, op, np.shape(ref), exact)
     # NaN is inside a bound only where the bound carries no information (a rule's way of saying
     # "may be NaN": 0 * inf, sqrt of a negative, a fully masked softmax row), or where both
     # programs give NaN
@@ -216,6 +228,8 @@ def check_any(index, op, lo, hi, ref, tgt, exact) -> OpCheck:
 def check_inside(index, op, lo, hi, ref, tgt, exact) -> OpCheck:
     """`check` where every reference and target value lies in [lo, hi] (none is NaN): the same
     worst element, margin and width, with fewer passes over the arrays."""
+    if not np.size(ref):
+        return empty(index, op, np.shape(ref), exact)
     with np.errstate(invalid="ignore", divide="ignore"):
         margin = np.minimum(ref - lo, hi - ref)  # NaN only for an infinite value at its end
         width = hi - lo

@@ -17,7 +17,6 @@ from ..tables import Table
 
 __all__ = [
     "Report",
-    "as_inputs",
     "check_module",
     "check_scalar_loss",
     "fmt_num",
@@ -126,16 +125,6 @@ def check_module(model, name: str = "model", parameters: bool = True) -> torch.n
         raise ValueError(f"{name} has no parameters; the diagnosis needs a model with weights "
                          f"(got {type(model).__name__})")
     return model
-
-
-def as_inputs(batch, name: str = "batch") -> tuple:
-    """The positional inputs: a tensor becomes (tensor,), a tuple or list stays; else ValueError."""
-    if isinstance(batch, torch.Tensor):
-        return (batch,)
-    if isinstance(batch, (tuple, list)) and batch:
-        return tuple(batch)
-    raise ValueError(f"{name} must be a tensor or a non-empty tuple of model inputs; "
-                     f"got {name}={type(batch).__name__}")
 
 
 def check_scalar_loss(loss, name: str = "loss_fn") -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Round-off or bug? Trace two callables' torch operations as they run, bound the target's
 round-off operation by operation with `precisionlab.intervals`, and say Type-I or Type-II with
-the operation to blame (the method of chapter 7, RENDER's, on a real model).
+the operation to blame (the method of chapter 7, RENDER's, on a real model). The result, its
+summary, table and plot are `TriageReport`'s, in `triage_report`.
 
 Tracing: a `torch.overrides.TorchFunctionMode` records every torch-level call (F.linear,
 F.layer_norm, F.scaled_dot_product_attention, Tensor.__add__, ...) eagerly, as the program
@@ -45,7 +46,6 @@ torch (item, tolist, float) raises UnsupportedOperation.
 from __future__ import annotations
 
 import functools
-import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -55,7 +55,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import intervals as iv
 from ..intervals import torch_ops as bd
-from ..tables import Table
+from .batch import as_inputs, call, output_tensors, tensors
 from .opcheck import OpCheck, check_hull, check_values, union
 from .pairing import (
     coarser,
@@ -65,8 +65,8 @@ from .pairing import (
     same_call,
     unknown_choice,
 )
-from .report import Report, as_inputs, new_axes, rows_fit, short
 from .shown import Shown, torch_forward
+from .triage_report import TriageReport
 
 __all__ = ["OpCheck", "TriageReport", "UnsupportedOperation", "trace", "triage"]
 
@@ -302,10 +302,12 @@ def _roots(fn) -> list:
     return found
 
 
-def trace(fn, inputs, name: str = "the program", eager: bool = False) -> _Trace:
-    """Run fn(*inputs) once under no_grad, recording its float-valued torch calls (eager: clone
-    every output as it is made; otherwise only before a write, and run again eagerly when a
-    write went unseen)."""
+def trace(fn, inputs, name: str = "the program", eager: bool = False,
+          output: str | None = None) -> _Trace:
+    """Run fn(*inputs) (fn(**inputs) for a dict) once under no_grad, recording its float-valued
+    torch calls (eager: clone every output as it is made; otherwise only before a write, and run
+    again eagerly when a write went unseen); output: the field of a dict output compared
+    (`batch.output_tensors`)."""
     ins = as_inputs(inputs, "inputs")
     tr = _Trace(eager)
     tr.inputs = ins
@@ -328,7 +330,7 @@ def trace(fn, inputs, name: str = "the program", eager: bool = False) -> _Trace:
         p = p if p is not None else paths.get(id(mod), (None, None))[1]
         if p is None:
             return
-        ts = [t for t in _tensors(out) if t.is_floating_point()]
+        ts = [t for t in tensors(out) if t.is_floating_point()]
         for k, t in enumerate(ts):  # what the module returns (raw: before its own hooks)
             if id(t) in tr.producer:
                 tr.returned.setdefault(tr.producer[id(t)], (p, k, len(ts)))
@@ -349,182 +351,16 @@ def trace(fn, inputs, name: str = "the program", eager: bool = False) -> _Trace:
                  torch.nn.modules.module.register_module_forward_hook(post)]
     try:
         with torch.no_grad(), _Recorder(tr):
-            out = fn(*ins)
+            out = call(fn, ins)
     finally:
         for h in hooks:
             h.remove()
-    outs = _tensors(out)
-    if not outs:
-        raise ValueError(f"{name} must return a tensor or a tuple of tensors; got "
-                         f"{type(out).__name__}")
+    outs = output_tensors(out, output, name)
     if tr.written():
-        return trace(fn, inputs, name, eager=True)
+        return trace(fn, inputs, name, eager=True, output=output)
     tr.outputs = [o.detach().clone() for o in outs]
     tr.final = [tr.producer.get(id(o)) for o in outs]
     return tr
-
-
-@dataclass(frozen=True)
-class TriageReport(Report):
-    """triage()'s result: the verdict, every check in trace order, the operation to blame.
-
-    Attributes
-    ----------
-    verdict : str
-        "Type-I" (every paired reference value is round-off the target may make) or
-        "Type-II" (some value is not: a bug in either program, or a kernel the model does
-        not fit).
-    checks : tuple of OpCheck
-        One per paired operation, in the target's trace order.
-    suspects : tuple of str
-        Unpaired target operations just before the first Type-II check (propagated, not
-        checked), with the argument that differs.
-    operations : int
-        Target operations traced.
-    paired : int
-        Operations checked against the reference.
-    kernels : tuple
-        (operation, kernel description) for each declared kernel used.
-    branches : int
-        Python branches the two programs took on tensor values (bool(x > 0), ...).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from torch import nn
-    >>> from precisionlab.diagnose import triage
-    >>> _ = torch.manual_seed(0)
-    >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    >>> x = torch.randn(3, 8)
-    >>> report = triage(model, lambda z: model(z) + 0.01, x)
-    >>> for c in report.checks:
-    ...     print(f"#{c.index} {c.op}: {c.verdict}, {c.outside} of {c.numel}")
-    #0 0: linear#0: Type-I, 0 of 48
-    #1 1: relu#0: Type-I, 0 of 48
-    #2 2: linear#0: Type-I, 0 of 12
-    #3 add#0: Type-II, 12 of 12
-    >>> report.blamed is report.deciding, report.blamed.widths_outside > 1000
-    (True, True)
-    >>> print(report.summary().splitlines()[1])
-    blamed: #3 add#0 (12 of 12 reference values outside)
-    """
-
-    verdict: str
-    checks: tuple
-    suspects: tuple  # unpaired target operations just before the first Type-II check
-    operations: int  # target operations traced
-    paired: int
-    kernels: tuple  # (operation, kernel description) declared
-    title: str = "round-off or bug"
-    branches: int = 0  # Python branches the two programs took on tensor values
-
-    @property
-    def blamed(self) -> OpCheck | None:
-        """The first Type-II check, or None."""
-        return next((c for c in self.checks if c.verdict == "Type-II"), None)
-
-    @property
-    def deciding(self) -> OpCheck | None:
-        """The blamed check, else the check whose reference lies closest to an edge."""
-        if self.blamed is not None:
-            return self.blamed
-        scored = [c for c in self.checks if c.width > 0 and not c.exact]
-        return min(scored, key=lambda c: c.score, default=None)
-
-    @property
-    def unsound(self) -> tuple:
-        """Checks where the target's own value left its bound (the kernel model was violated)."""
-        return tuple(c for c in self.checks if c.self_outside)
-
-    def summary(self) -> str:
-        """The verdict, where, and by how much.
-
-        Returns
-        -------
-        str
-            The verdict and the counts; for Type-II the blamed operation, its worst element
-            and how many bound widths outside it lies, and the unchecked operations before
-            it; for Type-I the check closest to an edge; warnings when the kernel model was
-            exceeded or the programs branched on tensor values.
-        """
-        lines = [f"{self.verdict}: {self.operations} target operations traced, {self.paired} "
-                 f"checked against the reference"]
-        b = self.blamed
-        if b is not None:
-            lines.append(f"blamed: #{b.index} {b.op} ({b.outside} of {b.numel} reference "
-                         "values outside)")
-            of = f" of {b.of}, shape {b.shape}" if b.of else ""  # not the op's own output
-            worst = (f"  worst at {b.element}{of}: reference {b.reference:.6g} outside "
-                     f"[{b.lo:.6g}, {b.hi:.6g}]")
-            lines += textwrap.wrap(worst, 80, subsequent_indent="    ") if of else [worst]
-            lines.append(f"  by {b.widths_outside:.3g} bound widths")
-            if self.suspects:
-                lines += textwrap.wrap("unchecked operations before it: " +
-                                       ", ".join(self.suspects), 80, subsequent_indent="  ")
-        elif self.deciding is not None:
-            d = self.deciding
-            lines.append(f"closest to an edge: #{d.index} {d.op}, margin {d.margin:.3g} of "
-                         f"width {d.width:.3g}")
-        if self.unsound:
-            lines.append(f"warning: {len(self.unsound)} operations exceeded the assumed kernel "
-                         "model (declare their Kernel); the verdict is not rigorous")
-        if self.branches:
-            lines += textwrap.wrap(
-                f"note: the programs branched {self.branches} times on tensor values (bool/int "
-                "of a float-derived tensor); had they branched differently, the checks after it "
-                "compare different computations", 80, subsequent_indent="  ")
-        return "\n".join(lines)
-
-    def table(self, limit: int = 16) -> Table:
-        """One row per check (Type-II first, then the tightest): op, verdict, outside, margin/width.
-
-        Parameters
-        ----------
-        limit : int, default 16
-            The most checks shown; a last row says how many were left out.
-
-        Returns
-        -------
-        Table
-            Columns op (the trace index), where, verdict, outside (entries outside / all),
-            margin and width at the worst element.
-        """
-        bad = [c for c in self.checks if c.verdict == "Type-II"]
-        good = sorted((c for c in self.checks if c.verdict != "Type-II"),
-                      key=lambda c: (c.exact, c.score))
-        rows = [[f"#{c.index}", short(c.op, 34), c.verdict, f"{c.outside}/{c.numel}",
-                 f"{c.margin:.2e}", f"{c.width:.2e}"] for c in bad + good]
-        return Table(["op", "where", "verdict", "outside", "margin", "width"],
-                     rows_fit(rows, limit))
-
-    def plot(self, ax=None):
-        """Per checked operation: the reference's margin in half-widths of the bound (below 0: outside).
-
-        Parameters
-        ----------
-        ax : matplotlib.axes.Axes or None, default None
-            The Axes to draw on; None draws on a new figure.
-
-        Returns
-        -------
-        matplotlib.axes.Axes
-            The Axes drawn on (a symlog y axis; Type-II checks marked with crosses).
-        """
-        ax = new_axes(ax)
-        x = np.array([c.index for c in self.checks])
-        s = np.array([c.margin / (c.width / 2) if c.width > 0 else (1.0 if c.margin >= 0 else -1e9)
-                      for c in self.checks])
-        bad = s < 0
-        ax.axhline(0, color="#000000", lw=0.8)
-        ax.scatter(x[~bad], s[~bad], s=12, color="#0072B2", label="inside the bound (Type-I)")
-        if bad.any():
-            ax.scatter(x[bad], s[bad], s=24, marker="x", color="#D55E00",
-                       label="outside (Type-II)")
-        ax.set_yscale("symlog", linthresh=1.0)
-        ax.set_xlabel("operation in the target's trace")
-        ax.set_ylabel("margin / half-width")
-        ax.legend(fontsize=7, loc="lower left")
-        return ax
 
 
 def _on_hulls(rec, matched: set, anchor: dict, p) -> bool:
@@ -541,6 +377,20 @@ def _on_hulls(rec, matched: set, anchor: dict, p) -> bool:
 
 def _op_label(rec) -> str:
     return f"{rec.path + ': ' if rec.path else ''}{rec.name}#{rec.key[2]}"
+
+
+def _unsupported(rec, detail: str) -> str:
+    """What UnsupportedOperation says: the operation, its module, why, and what to do."""
+    where = (f"triage cannot bound operation #{rec.index} {rec.name!r}"
+             f"{' in module ' + repr(rec.path) if rec.path else ''}")
+    if detail != rec.name:  # the rule exists but refuses these arguments: its reason
+        return f"{where}: {detail}"
+    names = bd.supported()
+    listed = (f" (those with one: {', '.join(names)})" if len(names) <= 12 else
+              f" ({len(names)} operations have one: diagnose.supported() lists them)")
+    return (f"{where}; no interval rule bounds {rec.name!r}{listed}. To triage the rest, "
+            f"compute that part outside the two programs and pass its result in as an input "
+            f"(inputs are taken as given), or file an issue asking for a rule for {rec.name!r}")
 
 
 def _declared(kernels: Mapping | None, rec) -> iv.Kernel | None:
@@ -579,7 +429,8 @@ def _kernel_mm(rec, get, kernel: iv.Kernel, fmt: str) -> list:
     return [bd.round_into(bd.mk(lo, hi), fmt)]
 
 
-def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageReport:
+def triage(reference, target, inputs, kernels: Mapping | None = None,
+           output: str | None = None) -> TriageReport:
     """Type-I if every paired reference value lies in the target's bound (each operation bounded
     from the hull of both programs' values at paired inputs, the union over both output
     formats), else Type-II, blaming the first operation whose bound misses (see the module
@@ -595,18 +446,24 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
     ----------
     reference : torch.nn.Module or callable
         The program trusted to be right (a float32 or float64 model, the original code);
-        reference(*inputs) returns a tensor or a tuple or list of tensors.
+        reference(*inputs) (reference(**inputs) for a dict) returns a tensor, a tuple or
+        list of tensors, or a dict or Hugging Face ModelOutput (see output).
     target : torch.nn.Module or callable
         The program under suspicion (a low-precision copy, a fused or rewritten kernel),
         returning outputs of the reference's shapes.
-    inputs : torch.Tensor or tuple
-        The inputs both programs run on: a tensor, or a non-empty tuple or list of
-        positional inputs.
+    inputs : torch.Tensor, tuple or dict
+        The inputs both programs run on: a tensor, a non-empty tuple or list of positional
+        inputs, or a dict of keyword inputs (a tokenizer's input_ids and attention_mask),
+        passed as reference(**inputs). Integer tensors are token ids or masks, never cast.
     kernels : mapping or None, default None
         {key: precisionlab.intervals.Kernel} for matrix products whose kernel (summation
         order, accumulator, tensor core) is known, keyed by "module.path:name#k" (one
         call), a module path (every matmul in that module) or an operation name ("linear").
         None bounds every matmul for any order with float32 accumulation.
+    output : str or None, default None
+        The field compared when the programs return a dict or a ModelOutput: None takes
+        "logits" when present, else every tensor in it; a name not among the fields raises
+        ValueError listing them. Tensor and tuple outputs take output=None.
 
     Returns
     -------
@@ -618,8 +475,8 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
     ------
     ValueError
         If reference or target is not callable, kernels is not a mapping to Kernel,
-        inputs is not a tensor or a tuple, or the two programs return outputs of different
-        shapes.
+        inputs is not a tensor, a tuple or a dict, output is not a field of the programs'
+        dict output, or the two programs return outputs of different shapes.
     UnsupportedOperation
         If the target runs an operation no interval rule bounds (`supported` lists those
         that have one), or takes a float value out of torch (item, tolist, float).
@@ -663,7 +520,10 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
             raise ValueError("kernels must map operation keys to precisionlab.intervals.Kernel; "
                              f"got kernels={kernels!r}")
     ins = as_inputs(inputs, "inputs")
-    rt, tt = trace(reference, ins, "reference"), trace(target, ins, "target")
+    if output is not None and not isinstance(output, str):
+        raise ValueError(f"output must be the name of an output field or None; got {output!r}")
+    rt = trace(reference, ins, "reference", output=output)
+    tt = trace(target, ins, "target", output=output)
     if len(rt.outputs) != len(tt.outputs) or any(a.shape != b.shape for a, b in
                                                  zip(rt.outputs, tt.outputs, strict=False)):
         raise ValueError("reference and target return outputs of different shapes: "
@@ -724,7 +584,8 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
     ref_fmts = {bd.fmt_of(o.dtype) for r in rt.records for o in r.outs}
     ref_leaf_fmts = {bd.fmt_of(t.dtype) for r in rt.records for t in r.ins
                      if t.is_floating_point() and r.src.get(id(t)) is None}
-    ref_leaf_fmts |= {bd.fmt_of(t.dtype) for t in ins if t.is_floating_point()}
+    ref_leaf_fmts |= {bd.fmt_of(t.dtype) for t in ins
+                      if isinstance(t, torch.Tensor) and t.is_floating_point()}
 
     # streaming: what an operation's consumers read (the hull of both programs' values for a
     # paired output, else its bound) is held only until its last consumer has been bounded
@@ -776,12 +637,7 @@ def triage(reference, target, inputs, kernels: Mapping | None = None) -> TriageR
                 per = [(_kernel_mm(rec, get, kernel, f) if kernel is not None
                         else bd.bound(rec, get, f)) for f in fmts]
             except UnsupportedOperation as e:
-                detail = str(e)
-                raise UnsupportedOperation(
-                    f"triage cannot bound operation #{rec.index} {rec.name!r}"
-                    f"{' in module ' + repr(rec.path) if rec.path else ''}"
-                    + (f"; supported: {', '.join(bd.supported())}" if detail == rec.name
-                       else f": {detail}")) from None
+                raise UnsupportedOperation(_unsupported(rec, str(e))) from None
             if kernel is not None:
                 declared.append((op, kernel.describe()))
             bs = union(per)

@@ -7,7 +7,8 @@ found necessary by tests/test_diagnose_rules.py against torch's own CPU kernels)
   float64 ulp, or a relative slack of 2^-44 around torch's float64 exp/log/erf/tanh);
 * an operation returning float16, bfloat16 or float32 computes internally in float32 and rounds
   into its dtype, outward here; float64 in float64. Correctly rounded operations (+, -, *,
-  casts) cost half an ulp; division 1.5 ulps (a division by a scalar may be a multiplication by
+  casts) cost half an ulp; an integer power x^n other than x^2 max(2, |n|) ulps (repeated
+  multiplication or libm pow) and 1 ulp of a float16/bfloat16 dtype more; division 1.5 ulps (a division by a scalar may be a multiplication by
   its reciprocal); exp, log, tanh, sigmoid, erf-based GELU, SiLU 4 ulps of the internal format;
   softmax and log-softmax over n entries n + 4 ulps, after x - max is rounded; layer norm an
   absolute (2n + 16) u max|x| / std |w| + 4 u |y| + 2 u |b|;
@@ -378,11 +379,55 @@ def _r_rsqrt(rec, get, fmt):
     return [nan_where(finish(y, fmt, 2.0, extra=1.0), _negative(x))]
 
 
+def _int_pow(x: Interval, n: int) -> Interval:
+    """The real range of x^n over x for an integer n != 0, 1 (float64 ends, rounded outward):
+    odd n > 0 monotone; even n > 0 has its minimum 0 where x spans 0; n < 0 is 1 / x^-n, whose
+    range over an x spanning 0 is [1 / max, inf] (even) or the whole line (odd). Where x may be
+    NaN (the whole line) so may x^n."""
+    lo, hi = np.asarray(x.lo, dtype=np.float64), np.asarray(x.hi, dtype=np.float64)
+    a, b = _fn64(lambda t: torch.pow(t, n), lo), _fn64(lambda t: torch.pow(t, n), hi)
+    y_lo, y_hi = np.minimum(a, b), np.maximum(a, b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # torch's float64 pow within REL_SLACK; an end that overflowed float64 (inf) is an
+        # exact value above float64's largest: that largest is below it
+        y_lo = np.where(np.isposinf(y_lo), np.finfo(np.float64).max,
+                        down(y_lo - np.abs(y_lo) * REL_SLACK - ABS_SLACK))
+        y_hi = np.where(np.isneginf(y_hi), -np.finfo(np.float64).max,
+                        up(y_hi + np.abs(y_hi) * REL_SLACK + ABS_SLACK))
+    span = (lo <= 0) & (hi >= 0)
+    if n % 2 == 0 and n > 0:
+        y_lo = np.where(span, 0.0, y_lo)
+    elif n % 2 == 0:
+        y_hi = np.where(span, np.inf, y_hi)
+    elif n < 0:
+        y_lo, y_hi = np.where(span, -np.inf, y_lo), np.where(span, np.inf, y_hi)
+    return nan_where(mk(y_lo, y_hi), whole(x) | np.isnan(lo) | np.isnan(hi))
+
+
+def _integer(e) -> bool:
+    """Whether e is a Python or NumPy integer, or a float with an integer value."""
+    if isinstance(e, bool):
+        return False
+    if isinstance(e, (int, np.integer)):
+        return True
+    return isinstance(e, (float, np.floating)) and math.isfinite(e) and float(e).is_integer()
+
+
 def _r_pow(rec, get, fmt):
+    """x^e for a number e: 1, 2, 0.5, -0.5 as before; any other integer n (GPT-2's x^3) by
+    `_int_pow`, computed in the internal format within max(2, |n|) ulps (repeated
+    multiplication, or libm pow) and, for float16/bfloat16, 1 ulp more for an intermediate kept
+    in the dtype; n = 0 gives 1 (for NaN and inf too)."""
     e = arg(rec.args, rec.kwargs, 1, "exponent")
     x = get(rec.args[0])
-    if is_tensor(e) or e not in (1, 2, 0.5, -0.5):
-        raise UnsupportedOperation(f"triage bounds pow with exponent 1, 2, 0.5 or -0.5; got {e!r}")
+    if is_tensor(e) or not (e in (1, 2, 0.5, -0.5) or _integer(e)):
+        raise UnsupportedOperation(f"triage bounds pow with an integer exponent, 0.5 or -0.5; "
+                                   f"got {e!r}")
+    if e == 0:
+        return [mk(np.ones(x.shape), np.ones(x.shape))]
+    if e not in (1, 2, 0.5, -0.5):
+        n = int(e)
+        return [finish(_int_pow(x, n), fmt, max(2.0, abs(n)), extra=1.0)]
     if e == 1:
         return [x]
     if e == 2:

@@ -168,6 +168,9 @@ def test_dict_batches_and_model_outputs_in_plain_torch():
     assert diagnose.mismatch(k, batch()).beta.shape == (2, 7)
     with pytest.raises(ValueError, match="dict of keyword inputs"):
         diagnose.triage(k, k, {})
+    ids = batch()["input_ids"]
+    with pytest.raises(ValueError, match=r"holding a dict.*pass the dict alone"):
+        diagnose.triage(k, k, (ids, {"attention_mask": batch()["attention_mask"]}))
     enc = transformers.BatchEncoding(batch())  # what a tokenizer returns
     m = model("gpt2-eager")
     assert diagnose.triage(m, copy.deepcopy(m).to(torch.bfloat16), enc).verdict == "Type-I"
@@ -175,6 +178,38 @@ def test_dict_batches_and_model_outputs_in_plain_torch():
     # a target returning the logits tensor is compared with the reference's .logits
     low = copy.deepcopy(m).to(torch.bfloat16)
     assert diagnose.triage(m, lambda **kw: low(**kw).logits, enc).verdict == "Type-I"
+
+
+def test_dict_outputs_pair_by_key_not_by_position():
+    """Two identical modules whose dicts list the same keys in another order are one program."""
+    class Ordered(nn.Module):
+        def __init__(self, keys):
+            super().__init__()
+            self.keys, self.lin = keys, nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.lin(x)
+            got = {"a": y * 2, "c": y + 1}
+            return {k: got[k] for k in self.keys}
+
+    class Outer(nn.Module):  # the dict-returning module inside a tensor-returning model
+        def __init__(self, keys):
+            super().__init__()
+            self.d = Ordered(keys)
+
+        def forward(self, x):
+            out = self.d(x)
+            return out["a"] - out["c"]
+
+    torch.manual_seed(0)
+    ac, ca = Ordered(("a", "c")), Ordered(("c", "a"))
+    ca.load_state_dict(ac.state_dict())
+    x = torch.randn(3, 4)
+    assert diagnose.triage(ac, ca, x, output="a").verdict == "Type-I"
+    assert diagnose.triage(ac, ca, x).verdict == "Type-I"
+    outer_ac, outer_ca = Outer(("a", "c")), Outer(("c", "a"))
+    outer_ca.load_state_dict(outer_ac.state_dict())
+    assert diagnose.triage(outer_ac, outer_ca, x).verdict == "Type-I"
 
 
 def test_unsupported_operation_names_the_op_its_module_and_what_to_do():

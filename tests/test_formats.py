@@ -46,14 +46,16 @@ ML_DTYPES_VERSION = tuple(int(v) for v in re.findall(r"\d+", ml_dtypes.__version
 # 0.7.0 casts float64 in one rounding and takes e8m0fnu's float32 subnormals to the nearest
 # value; every earlier release rounds float64 through float32 and has the subnormal quirk.
 ML_DTYPES_ROUNDS_ONCE = ML_DTYPES_VERSION >= (0, 7)
-# ml_dtypes 0.5.0, the first release with MX dtypes, casts float32 into e8m0fnu by another rule:
-# ties go to the even exponent code and nothing overflows to NaN. Measured: 0.75, 1.5, 3, 6, 12
-# and 1.5 * 2^127 give 0.5, 2, 2, 8, 8 and 2^127 there, but 1, 2, 4, 8, 16 and NaN in 0.5.1 to
-# 0.7.0. So 0.5.0's e8m0fnu cast is no oracle; its other MX casts are.
+# ml_dtypes 0.5.0, the first release with MX dtypes, casts float32 into e8m0fnu by another tie
+# rule: ties go to the even exponent code, so the tie 1.5 * 2^127 stays finite (code 254) where
+# later releases round it up to NaN; values above it (1.9 * 2^127, inf) are NaN in every
+# release. Measured: 0.75, 1.5, 3, 6, 12 and 1.5 * 2^127 give 0.5, 2, 2, 8, 8 and 2^127 there,
+# but 1, 2, 4, 8, 16 and NaN in 0.5.1 to 0.7.0. So 0.5.0's e8m0fnu cast is no oracle; its other
+# MX casts are.
 ML_DTYPES_RELEASE = tuple(int(v) for v in re.findall(r"\d+", ml_dtypes.__version__)[:3])
 ML_DTYPES_E8M0_DIFFERS = ML_DTYPES_RELEASE == (0, 5, 0)
 E8M0_SKIP = (f"ml_dtypes {ml_dtypes.__version__} rounds e8m0fnu ties to the even exponent code "
-             "and does not overflow to NaN (measured: 0.75, 3, 12 -> 0.5, 2, 8): no oracle")
+             "(measured: 0.75, 3, 12 -> 0.5, 2, 8; 1.5 * 2^127 stays finite): no oracle")
 needs_mx_dtypes = pytest.mark.skipif(
     not all(name in ML for name in MX_FORMAT_NAMES),
     reason=f"ml_dtypes {ml_dtypes.__version__} has no MX dtypes (they came with 0.5)")

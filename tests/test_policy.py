@@ -328,3 +328,14 @@ def test_make_block_is_reproducible():
     for lin in (a[0], a[3]):  # nn.Linear's default range, U(-1/sqrt(fan_in), 1/sqrt(fan_in))
         bound = lin.in_features ** -0.5
         assert lin.weight.abs().max() <= bound and lin.weight.abs().max() > 0.9 * bound
+
+
+@pytest.mark.parametrize("version", ["2.3.0", "2.4.1", "2.5.1"])
+def test_bf16_on_mps_is_refused_where_torch_has_no_mps_bfloat16_autocast(monkeypatch, version):
+    """torch 2.3 and 2.4 have no MPS autocast and 2.5's turns itself off for bfloat16 (with a
+    warning): the policy says so instead of running fp32 under a bf16 name."""
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion(version))
+    with pytest.raises(ValueError, match=r"needs torch >= 2\.6.*Valid choices on this torch: fp32"):
+        precision_policy("bf16", "mps")
+    assert precision_policy("fp32", "mps").autocast_dtype is None
+    assert precision_policy("bf16", "cpu").autocast_dtype == torch.bfloat16

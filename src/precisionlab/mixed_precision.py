@@ -52,6 +52,8 @@ __all__ = [
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 DEVICE_TYPES: tuple[str, ...] = ("cuda", "mps", "cpu")
+# the first torch whose MPS autocast takes bfloat16 (2.5 disables itself with a warning)
+MPS_BF16_TORCH = (2, 6)
 SCALER_KINDS: tuple[str, ...] = ("torch", "book")
 # NVIDIA GPUs have bfloat16 units from compute capability 8.0 (Ampere) on; Volta (7.0) and
 # Turing (7.5, e.g. the T4) do not, although torch can emulate bfloat16 there.
@@ -144,7 +146,7 @@ def precision_policy(precision: str, device, capability=None) -> PrecisionPolicy
     capability, (major, minor), is the CUDA device's compute capability: given, or asked of
     the device with torch.cuda.get_device_capability when bf16 on CUDA needs it. (Not
     torch.cuda.is_bf16_supported(), which by default also counts emulation and says True on a
-    V100 or T4.) Only CUDA devices have one.
+    V100 or T4.) Only CUDA devices have one. bf16 on MPS needs torch >= 2.6 (MPS_BF16_TORCH).
     """
     key = _precision_key(precision)
     device_type = autocast_device_type(device)
@@ -160,6 +162,15 @@ def precision_policy(precision: str, device, capability=None) -> PrecisionPolicy
             f"precision={precision!r} (float16 autocast with loss scaling) is only supported on "
             f"CUDA devices by this book's policy; got device {str(device)!r} (type "
             f"{device_type!r}). Valid choices on {device_type}: fp32, bf16"
+        )
+    if key == "bf16" and device_type == "mps" and torch.__version__ < MPS_BF16_TORCH:
+        # measured: torch 2.3 and 2.4 have no MPS autocast; 2.5's refuses bfloat16 with a
+        # warning and turns itself off, the silent fallback this policy exists to prevent
+        raise ValueError(
+            f"precision={precision!r} on {str(device)!r} needs torch >= 2.6, whose MPS autocast "
+            f"has bfloat16 (on macOS 14 and later); this is torch {torch.__version__}, where "
+            "autocast('mps', dtype=torch.bfloat16) runs nothing in bfloat16. Valid choices on "
+            "this torch: fp32, or upgrade torch"
         )
     if key == "bf16" and device_type == "cuda":
         if capability is None:

@@ -173,7 +173,7 @@ def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
     # sign; ml_dtypes (followed here) gives NaN: unsigned formats never go native.
     if a.dtype != np.float32 or fmt.torch_dtype is None or fmt.name == "float32" or not fmt.signed:
         return None
-    # torch (2.3 to 2.13) takes overflow to inf in the formats that have one, as IEEE 754
+    # torch (2.3 to 2.15 measured) takes overflow to inf in the formats that have one, as IEEE 754
     # conversion does (tests/test_rounding.py checks the native casts against fractions); its
     # e4m3fn overflow rule changed in 2.13 and is probed.
     torch_saturates = _torch_e4m3fn_saturates() if fmt.name == "float8_e4m3fn" else False

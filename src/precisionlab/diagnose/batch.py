@@ -54,6 +54,11 @@ def as_inputs(batch, name: str = "batch") -> Inputs:
     if isinstance(batch, torch.Tensor):
         return Inputs((batch,))
     if isinstance(batch, (tuple, list)) and batch:
+        if any(isinstance(b, Mapping) for b in batch):  # it would go in as a positional input
+            raise ValueError(
+                f"{name} is a {type(batch).__name__} holding a dict, which would be passed as a "
+                f"positional input; pass the dict alone ({name}=dict(input_ids=..., "
+                "attention_mask=...), run as model(**batch)), or a tuple of tensors")
         return Inputs(tuple(batch))
     if isinstance(batch, Mapping) and batch:
         if not all(isinstance(k, str) for k in batch):
@@ -78,16 +83,17 @@ def cast(inputs: Inputs, dtype: torch.dtype) -> Inputs:
 
 def tensors(obj) -> list:
     """The tensors in obj, in order: a tensor, or nested tuples, lists and dicts (a Hugging Face
-    ModelOutput is a dict) of them; anything else (a cache object, None) is skipped."""
+    ModelOutput is a dict; a dict's values in the order of its sorted keys) of them; anything
+    else (a cache object, None) is skipped."""
     if isinstance(obj, torch.Tensor):
         return [obj]
     out = []
     if isinstance(obj, (list, tuple)):
         for o in obj:
             out += tensors(o)
-    elif isinstance(obj, Mapping):
-        for o in obj.values():
-            out += tensors(o)
+    elif isinstance(obj, Mapping):  # by key, so that two dicts with the same keys pair up
+        for key in sorted(obj, key=str):
+            out += tensors(obj[key])
     return out
 
 

@@ -413,16 +413,33 @@ def _integer(e) -> bool:
     return isinstance(e, (float, np.floating)) and math.isfinite(e) and float(e).is_integer()
 
 
+# the integer exponents pow's rule takes: up to 64, far inside every format's exact integers
+# (bfloat16 holds them to 256; torch rounds the exponent into the tensor's format), and -1.
+# Below -1 it refuses: torch's bfloat16 x^-2 squares into bfloat16 first, and a square in the
+# subnormal range (or flushed to zero) then loses up to 2 ulps in the reciprocal.
+POW_MAX_EXPONENT = 64
+
+
 def _r_pow(rec, get, fmt):
-    """x^e for a number e: 1, 2, 0.5, -0.5 as before; any other integer n (GPT-2's x^3) by
-    `_int_pow`, computed in the internal format within max(2, |n|) ulps (repeated
-    multiplication, or libm pow) and, for float16/bfloat16, 1 ulp more for an intermediate kept
-    in the dtype; n = 0 gives 1 (for NaN and inf too)."""
+    """x^e for a number e: 1, 2, 0.5, -0.5 as before; any other integer n from -1 to
+    POW_MAX_EXPONENT (GPT-2's x^3) by `_int_pow`, computed in the internal format within
+    max(2, |n|) ulps (torch's kernels: repeated multiplication for 3, a reciprocal for -1, libm
+    pow otherwise, measured within 1 ulp) and, for float16/bfloat16, 1 ulp more for an
+    intermediate kept in the dtype; n = 0 gives 1 (for NaN and inf too)."""
     e = arg(rec.args, rec.kwargs, 1, "exponent")
+    if not is_tensor(rec.args[0]):
+        raise UnsupportedOperation(
+            f"triage bounds pow of a tensor base; got the number {rec.args[0]!r} as the base "
+            "(torch.pow(number, tensor)): compute it outside the two programs and pass its "
+            "result in as an input")
+    usable = not is_tensor(e) and (e in (1, 2, 0.5, -0.5) or (
+        _integer(e) and -1 <= e <= POW_MAX_EXPONENT))
+    if not usable:
+        raise UnsupportedOperation(
+            f"triage bounds pow with an integer exponent from -1 to {POW_MAX_EXPONENT}, 0.5 or "
+            f"-0.5; got {e!r}. Write other powers from these (x.pow(-2) as 1 / x.pow(2)), or "
+            "compute that part outside the two programs and pass its result in as an input")
     x = get(rec.args[0])
-    if is_tensor(e) or not (e in (1, 2, 0.5, -0.5) or _integer(e)):
-        raise UnsupportedOperation(f"triage bounds pow with an integer exponent, 0.5 or -0.5; "
-                                   f"got {e!r}")
     if e == 0:
         return [mk(np.ones(x.shape), np.ones(x.shape))]
     if e not in (1, 2, 0.5, -0.5):

@@ -34,6 +34,7 @@ __all__ = [
     "TOWARD_ZERO",
     "UP",
     "Container",
+    "inline_word",
     "numba_kernel",
     "numpy_words",
     "python_words",
@@ -196,16 +197,37 @@ def _twin(fn, name: str, **replace_globals):
 _KERNELS: dict[tuple[bool, bool, bool], Any] = {}  # compiled on first use
 
 
+@functools.cache
+def _inline_helpers() -> dict[str, Any]:
+    """The recipe's helpers jitted for inlining (numba imported here, on first use)."""
+    import numba  # deferred: only arrays of 4096+ values need it (0.7 s to import)
+
+    inline = numba.njit(inline="always")
+    jitted: dict[str, Any] = {}
+    for fn in (_splitmix64, _increment, _finish, _round_word, _round_word_uniform):
+        jitted[fn.__name__] = inline(_twin(fn, fn.__name__, **jitted))
+    return jitted
+
+
+def inline_word():
+    """`_round_word`, the one rounding recipe, jitted for inlining into other numba kernels.
+
+    `intervals.torch_ops.fused` rounds interval ends down and up with it, and
+    `emulate.kernels` rounds to nearest even with it, so every compiled rounding in the package
+    is this recipe. Its arguments are `word_params`' (for `F64` words) and a mode code.
+    numba's on-disk cache keys a kernel by its own file, so after editing this recipe clear
+    the callers' caches (``find src -name '*.nbi' -delete``).
+    """
+    return _inline_helpers()["_round_word"]
+
+
 def numba_kernel(stochastic: bool, uniform: bool, parallel: bool):
     """The numba build of one loop variant, compiled or loaded from numba's cache on first use."""
     key = (stochastic, uniform, parallel)
     if key not in _KERNELS:
-        import numba  # deferred: only arrays of 4096+ values need it (0.7 s to import)
+        import numba
 
-        inline = numba.njit(inline="always")
-        jitted: dict[str, Any] = {}
-        for fn in (_splitmix64, _increment, _finish, _round_word, _round_word_uniform):
-            jitted[fn.__name__] = inline(_twin(fn, fn.__name__, **jitted))
+        jitted = _inline_helpers()
         word = jitted["_round_word_uniform" if uniform else "_round_word"]
         loop = _stochastic_loop if stochastic else _deterministic_loop
         name = (f"{loop.__name__}{'_uniform' if uniform else ''}"

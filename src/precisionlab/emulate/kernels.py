@@ -3,8 +3,8 @@
 Each kernel repeats, operation for operation, a float64 formula or rounding of the torch
 side (`elementary`, `summation`, `rounding.round_to`, the loop of `products`), so the two
 give the same bits; tests/test_emulate.py holds each pair equal. No fused multiply-adds, no
-reassociation: numba keeps the written order. A format is passed as (p, emin, vmax) =
-(significant bits, exponent of the smallest normal, largest finite value): `format_params`.
+reassociation: numba keeps the written order. A format is passed as the rounding recipe's parameters (`format_params`); every rounding is
+`rounding.round_to`'s recipe itself (`rounding_kernel.inline_word`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numba
 import numpy as np
 
 from ..formats import get_format
+from ..rounding_kernel import F64, NEAREST_EVEN, inline_word, word_params
 from .elementary import EXP_COEF, INV_LN2, LN2_HI, LN2_LO, LOG_COEF
 
 __all__ = ["exp64", "format_params", "gemm", "inverse_cdf", "log64", "pairwise_sum",
@@ -22,15 +23,16 @@ __all__ = ["exp64", "format_params", "gemm", "inverse_cdf", "log64", "pairwise_s
 
 # numba freezes module-level floats and arrays into the compiled code as constants.
 _SQRT_HALF = math.sqrt(0.5)
+_WORD = inline_word()  # rounding's one recipe, compiled into these kernels
 _EXP_C = np.array(EXP_COEF)
 _LOG_C = np.array(LOG_COEF)
 _POW2 = np.array([math.ldexp(1.0, k) for k in range(-600, 601)])  # 2^k, exact: elementary.pow2
 
 
-def format_params(fmt) -> tuple[int, int, float]:
-    """(p, emin, vmax) of a format: significant bits, smallest normal exponent, largest finite value."""
-    f = get_format(fmt)
-    return f.precision, f.emin, f.max_finite
+def format_params(fmt) -> tuple[int, ...]:
+    """The rounding parameters of fmt that the kernels take: `rounding_kernel.word_params` of
+    fmt on float64 words (overflow to inf, or NaN where fmt has none, as `round_to`)."""
+    return word_params(get_format(fmt), F64, False)
 
 
 @numba.njit(cache=True)
@@ -48,37 +50,18 @@ def gemm(a, b, out):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def round_scalar(v, p, emin, vmax):  # pragma: no cover - compiled
-    """round_to(v) for one float64 v: nearest even with p significant bits, normal exponents >= emin."""
-    if v == 0.0 or not np.isfinite(v):
-        return v
-    _, e = math.frexp(v)
-    q = max(e - 1, emin) - (p - 1)
-    r = math.ldexp(np.rint(math.ldexp(v, -q)), q)
-    if abs(r) > vmax:
-        return math.copysign(np.inf, v)
-    return r
+def round_scalar(v, wp):  # pragma: no cover - compiled
+    """round_to(v, fmt) for one float64 v, wp = format_params(fmt): rounding's own recipe."""
+    r = _WORD(np.float64(v).view(np.int64), np.int64(0), wp[0], wp[1], wp[2], wp[3], wp[4],
+              wp[5], wp[6], wp[7], wp[8], wp[9], wp[10], NEAREST_EVEN)
+    return np.int64(r).view(np.float64)
 
 
 @numba.njit(cache=True)
-def round_buffer(buf, n, p, emin, vmax):  # pragma: no cover - compiled
-    """buf[:n] = round_to(buf[:n]) in place (float64), round to nearest even."""
-    # Where the result is normal, add half an ulp minus one (plus the last kept bit, for ties
-    # to even) to the float64 bit pattern and clear the dropped bits; a carry moves into the
-    # exponent by itself. Subnormal results, zeros, inf and NaN take round_scalar.
-    bits = buf.view(np.int64)
-    drop = 53 - p
-    half = (np.int64(1) << (drop - 1)) - 1
-    keep = ~((np.int64(1) << drop) - 1)
+def round_buffer(buf, n, wp):  # pragma: no cover - compiled
+    """buf[:n] = round_to(buf[:n], fmt) in place (float64), wp = format_params(fmt)."""
     for i in range(n):
-        ex = ((bits[i] >> 52) & 0x7FF) - 1023
-        if ex >= emin and ex < 1000:
-            v = buf[i]
-            bits[i] = (bits[i] + half + ((bits[i] >> drop) & 1)) & keep
-            if abs(buf[i]) > vmax:
-                buf[i] = math.copysign(np.inf, v)
-        else:
-            buf[i] = round_scalar(buf[i], p, emin, vmax)
+        buf[i] = round_scalar(buf[i], wp)
 
 
 @numba.njit(cache=True)
@@ -130,19 +113,19 @@ def log64(x):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def round_into(acc, out, buf, p, emin, vmax):  # pragma: no cover - compiled
+def round_into(acc, out, buf, wp):  # pragma: no cover - compiled
     """out = round_to(acc) elementwise (float32 arrays of one shape, buf a float64 scratch row)."""
     n, m = acc.shape
     for i in range(n):
         for j in range(m):
             buf[j] = np.float64(acc[i, j])
-        round_buffer(buf, m, p, emin, vmax)
+        round_buffer(buf, m, wp)
         for j in range(m):
             out[i, j] = np.float32(buf[j])
 
 
 @numba.njit(cache=True)
-def rms_rows(x, out, buf, p, emin, vmax):  # pragma: no cover - compiled
+def rms_rows(x, out, buf, wp):  # pragma: no cover - compiled
     """out = fl(x / sqrt(fixed_sum(x^2) / d + 1e-6)) per row, float64 inside: emulate.rms_norm's forward."""
     n, d = x.shape
     for i in range(n):
@@ -151,7 +134,7 @@ def rms_rows(x, out, buf, p, emin, vmax):  # pragma: no cover - compiled
         r = 1.0 / math.sqrt(pairwise_sum(buf, d) / d + 1e-6)
         for k in range(d):
             buf[k] = np.float64(x[i, k]) * r
-        round_buffer(buf, d, p, emin, vmax)
+        round_buffer(buf, d, wp)
         for k in range(d):
             out[i, k] = np.float32(buf[k])
 

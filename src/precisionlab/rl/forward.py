@@ -27,7 +27,7 @@ _FP32 = E.Precision("float32")
 
 @numba.njit(cache=True)
 def forward_kernel(prompt, prev, pos, tok, pos_t, prompt_t, w_in_t, w_out_t, head_t, bias,
-                   p, emin, vmax, out):  # pragma: no cover - compiled
+                   wp, out):  # pragma: no cover - compiled
     """out = log_softmax(z) in fp32 for rows (prompt, prev, pos); weights already in F, matrices transposed (K, N)."""
     depth, d, m = w_in_t.shape
     v = head_t.shape[1]
@@ -43,27 +43,27 @@ def forward_kernel(prompt, prev, pos, tok, pos_t, prompt_t, w_in_t, w_out_t, hea
         for k in range(d):
             s = np.float32(tok[prev[i], k] + pos_t[pos[i], k])
             y[i, k] = s + prompt_t[prompt[i], k]
-    K.round_into(y, x, buf, p, emin, vmax)
+    K.round_into(y, x, buf, wp)
     for layer in range(depth):
-        K.rms_rows(x, xn, buf, p, emin, vmax)
+        K.rms_rows(x, xn, buf, wp)
         K.gemm(xn, w_in_t[layer], h)
-        K.round_into(h, h, buf, p, emin, vmax)
+        K.round_into(h, h, buf, wp)
         for i in range(n):
             for j in range(m):
                 if h[i, j] < 0:  # relu (the sign of a zero changes no later sum)
                     h[i, j] = 0.0
         K.gemm(h, w_out_t[layer], y)
-        K.round_into(y, y, buf, p, emin, vmax)
+        K.round_into(y, y, buf, wp)
         for i in range(n):
             for k in range(d):
                 y[i, k] = x[i, k] + y[i, k]
-        K.round_into(y, x, buf, p, emin, vmax)
-    K.rms_rows(x, xn, buf, p, emin, vmax)
+        K.round_into(y, x, buf, wp)
+    K.rms_rows(x, xn, buf, wp)
     K.gemm(xn, head_t, z)
     for i in range(n):
         for j in range(v):
             z[i, j] = z[i, j] + bias[j]
-    K.round_into(z, z, buf, p, emin, vmax)
+    K.round_into(z, z, buf, wp)
     for i in range(n):
         zmax = -np.inf
         for j in range(v):
@@ -95,7 +95,7 @@ def fused_logprobs(policy: Policy, prompt, prev, pos, precision: str,
     # The policy is Markov in (prompt, prev, pos), and each row's arithmetic is independent of
     # the others: repeated states (every completion of a prompt at position 0, every
     # immediate EOS) are computed once and copied, bit for bit the same.
-    p, emin, vmax = K.format_params(precision)
+    wp = K.format_params(precision)
     rows = [np.asarray(i.numpy(), dtype=np.int64) for i in (prompt, prev, pos)]
     cfg = policy.cfg
     key = (rows[0] * (cfg.vocab + 1) + rows[1]) * cfg.max_len + rows[2]  # one id per state
@@ -103,7 +103,7 @@ def fused_logprobs(policy: Policy, prompt, prev, pos, precision: str,
     out = np.empty((first.size, cfg.vocab), np.float32)
     if first.size:
         forward_kernel(*(np.ascontiguousarray(r[first]) for r in rows),
-                       *(weights or kernel_weights(policy, precision)), p, emin, vmax, out)
+                       *(weights or kernel_weights(policy, precision)), wp, out)
     return torch.from_numpy(out[inverse.reshape(-1)])
 
 

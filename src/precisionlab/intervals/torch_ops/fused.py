@@ -3,8 +3,8 @@ arrays where the NumPy path makes a dozen calls, each giving the NumPy path's fl
 bit for bit (the same IEEE operations in the same order, no fast-math;
 tests/test_diagnose_fused.py checks them on edge and random values), and the primitives
 `kernels` builds whole rules from: steps on one number (one float64 step toward an infinity,
-widening by ulps, directed rounding into a format, by their bit patterns), passes over arrays
-(outward rounding), NumPy's pairwise sum.
+widening by ulps, directed rounding into a format by `rounding.round_to`'s own recipe), passes
+over arrays (outward rounding), NumPy's pairwise sum.
 Loops call the one-number steps with the format's branch taken outside them, so that they
 vectorise and each kernel compiles small. Kernels take C-contiguous 1-D arrays and compile on
 first use, one signature each, into numba's on-disk cache (cache=True)."""
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+
+from ...rounding_kernel import DOWN, UP, inline_word
 
 _INF = np.inf
 
@@ -103,66 +105,37 @@ def close(pm, pr, s, ncol, bias, blo, bhi, g64, c1, c2, c3, uf, qf, grow_f, limi
             out_lo[i], out_hi[i] = lo, hi
 
 
-@numba.njit(error_model="numpy")
-def rd32(x, sign, bf16):
-    """x rounded down (sign < 0) or up into float32, or bfloat16 when bf16: the cast to nearest,
-    one float32 step toward sign inf where it landed on the wrong side, bfloat16 by clearing
-    16 bits after adding 0xFFFF where that grows the magnitude the right way; infinities and
-    NaN kept, past the range IEEE's +-max_finite or +-inf."""
-    y = np.float32(x)
-    b = y.view(np.int32)
-    v = np.float64(y)
-    wrong = v > x if sign < 0 else v < x
-    away = b < 0 if sign < 0 else b >= 0  # a step grows the magnitude
-    tiny = np.int32(-2147483647) if sign < 0 else np.int32(1)  # +-smallest subnormal
-    moved = tiny if (b & 0x7FFFFFFF) == 0 else (b + np.int32(1) if away else b - np.int32(1))
-    b32 = np.int32(moved if wrong else b)
-    grow = b32 < 0 if sign < 0 else b32 >= 0
-    add = np.int32(0xFFFF) if (bf16 and grow) else np.int32(0)
-    r = np.int32((b32 + add) & (np.int32(-65536) if bf16 else np.int32(-1)))
-    return np.float64(r.view(np.float32))
+_WORD = inline_word()  # rounding's one recipe, compiled into these kernels
+_EXP = np.int64(0x7FF0000000000000)  # float64's exponent mask: the bits of +inf
+_NAN = np.int64(0x7FF8000000000000)  # the quiet NaN
+_SIGN = np.int64(-9223372036854775808)
 
 
 @numba.njit(error_model="numpy")
-def rdg(x, mbits, emin, top, q):
-    """x rounded down into the format of mbits fraction bits, smallest normal exponent emin,
-    largest finite top and smallest subnormal q (IEEE RD: -inf below -top, top above it;
-    infinities, zeros and NaN kept): the float64 pattern's bits below the format's ulp cleared
-    (toward zero), one ulp added to a negative value's magnitude that lost bits."""
-    if x != x or x == 0 or x == _INF:
-        return x
-    if x > top:
-        return top
-    if x < -top:
-        return -_INF
-    b = np.float64(x).view(np.int64)
-    shift = 52 - mbits + max(emin - (((b >> 52) & 2047) - 1023), 0)
-    if shift > 52:  # |x| below the format's smallest subnormal
-        return -q if x < 0 else 0.0
-    low = (np.int64(1) << shift) - 1
-    lost = (b & low) != 0
-    kept = b & ~low
-    r = np.int64(kept + (np.int64(1) << shift) if (lost and x < 0) else (kept if lost else b))
-    return r.view(np.float64)
+def directed(x, mode, mbits, emin, top, q):
+    """x rounded down (mode `DOWN`) or up (`UP`) into the IEEE format of mbits fraction bits,
+    smallest normal exponent emin, largest finite top and smallest subnormal q, by
+    `rounding.round_to`'s own recipe (`rounding_kernel.inline_word` on float64 words): past
+    the range +-top or +-inf as IEEE directed rounding gives, infinities, zeros and NaN kept."""
+    r = _WORD(np.float64(x).view(np.int64), np.int64(0), np.int64(52), np.int64(52 - mbits),
+              np.int64(emin + 1023), np.float64(q).view(np.int64),
+              np.float64(q / 2).view(np.int64), np.float64(top).view(np.int64), _EXP, _EXP,
+              _NAN, _EXP, _SIGN, mode)
+    return np.int64(r).view(np.float64)
 
 
 @numba.njit(error_model="numpy")
 def outward(lo, hi, mbits, emin, top, q):
-    """lo rounded down and hi up in place into the format (`rd32` for float32 and bfloat16,
-    else `rdg`, RU(x) = -RD(-x); mbits < 0: float64, kept); whether every lo <= hi."""
+    """lo rounded down and hi up in place into the format (`directed`; mbits < 0: float64,
+    kept); whether every lo <= hi."""
     bad = 0
     if mbits < 0:
         for i in range(lo.size):
             bad += not lo[i] <= hi[i]
-    elif emin == -126 and (mbits == 23 or mbits == 7):
-        bf = mbits == 7
-        for i in range(lo.size):
-            a, b = rd32(lo[i], -1.0, bf), rd32(hi[i], 1.0, bf)
-            lo[i], hi[i] = a, b
-            bad += not a <= b
     else:
         for i in range(lo.size):
-            a, b = rdg(lo[i], mbits, emin, top, q), -rdg(-hi[i], mbits, emin, top, q)
+            a, b = directed(lo[i], DOWN, mbits, emin, top, q), directed(hi[i], UP, mbits, emin,
+                                                                         top, q)
             lo[i], hi[i] = a, b
             bad += not a <= b
     return bad == 0

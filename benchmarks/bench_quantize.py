@@ -26,7 +26,8 @@ import timeit
 import numpy as np
 import torch
 
-from precisionlab import emulate, quantize_runs
+from precisionlab import emulate
+from precisionlab.chapters import quantize_runs
 from precisionlab.quantize import (
     RECIPES,
     DelayedScaling,

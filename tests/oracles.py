@@ -151,3 +151,11 @@ def sound(n: int) -> settings:
     """Derandomised (the same examples on every run) and without deadline: n examples."""
     return settings(max_examples=n, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def fsum_sqnr(x, xhat) -> float:
+    """10 log10(sum x^2 / sum (x - xhat)^2) with exactly rounded sums (math.fsum)."""
+    a = np.asarray(x, dtype=np.float64).ravel()
+    e = a - np.asarray(xhat, dtype=np.float64).ravel()
+    noise = math.fsum(e * e)
+    return math.inf if noise == 0 else 10 * math.log10(math.fsum(a * a) / noise)

@@ -8,7 +8,6 @@ expectations of the source's labels.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import replace
 from fractions import Fraction
@@ -104,52 +103,11 @@ def test_source_charge_names_bad_arguments(args, words):
     assert all(w in str(err.value) for w in words), str(err.value)
 
 
-# --------------------------------------------------------------------------- every order
-
-
-def dot_in_order(a, b, order, mode="nearest_even"):
-    """fl(acc + a_i b_i) in float16 along `order`, by exact rationals."""
-    acc = Fraction(0)
-    for i in order:
-        acc = Fraction(fraction_round(acc + Fraction(a[i]) * Fraction(b[i]), "float16", mode))
-    return float(acc)
-
-
-@pytest.mark.parametrize("seed", [0, 7, 21])
-def test_every_order_and_the_orders_outside_the_naive_interval(seed):
-    a, b = iv.uniform_data((2, 4), seed, "float16", scale=2.0)
-    got = iv.every_order(a, b, "float16")
-    perms = list(itertools.permutations(range(4)))
-    assert list(got) == perms
-    assert all(got[p] == dot_in_order(a, b, p) for p in perms)
-    naive_lo, naive_hi = dot_in_order(a, b, range(4), "down"), dot_in_order(a, b, range(4), "up")
-    want = {p: v for p, v in got.items() if not naive_lo <= v <= naive_hi}
-    assert iv.orders_outside(a, b, "float16") == want
-    if seed == 7:  # the chapter's pair: 8 of the 24 orders escape
-        assert len(want) == 8
-
-
 def test_the_data_is_regenerated_from_numpy_draws_and_numpys_float16_cast():
     rng = np.random.default_rng(7)
     a = rng.uniform(-2, 2, 4).astype(np.float16).astype(np.float64)
     b = rng.uniform(-2, 2, 4).astype(np.float16).astype(np.float64)
     assert np.array_equal(iv.uniform_data((2, 4), 7, "float16", scale=2.0), np.stack([a, b]))
-
-
-def test_every_order_refuses_long_vectors():
-    with pytest.raises(ValueError, match="at most 8 entries; got 9"):
-        iv.every_order(np.ones(9), np.ones(9))
-    with pytest.raises(ValueError, match="float16"):
-        iv.every_order(np.full(3, 0.1), np.ones(3))  # 0.1 is no float16 value
-
-
-@pytest.mark.parametrize(("na", "nb"), [(3, 2), (2, 3), (1, 4)])
-def test_every_order_refuses_vectors_of_two_lengths(na, nb):
-    # a longer a ran past b's end (IndexError); a shorter a silently dropped b's tail.
-    with pytest.raises(ValueError, match=f"a of length {na} and b of length {nb}"):
-        iv.every_order(np.ones(na), np.ones(nb))
-    with pytest.raises(ValueError, match=rf"a and b .* one length; got \({na},\) and \({nb},\)"):
-        iv.orders_outside(np.ones(na), np.ones(nb))
 
 
 # --------------------------------------------------------------------------- labels, table, extra case

@@ -33,16 +33,18 @@ floor up; a module imports only from floors below its own:
    labelled corpus; ``intervals/torch_ops/``, the bound rules for torch operations (the
    engine ``diagnose.triage`` runs).
 5. ``mixed_precision`` -- a run's precision policy (autocast device and dtype, loss
-   scaler) and low-precision weight storage. ``scaling_runs`` -- the chapters' training
-   runs around a scaler (a scaler in front of the network, the AMP loop). ``quantize_runs``
-   -- chapter 9's measurements: per-layer shares and SQNR under each recipe, activations
-   with outlier channels, a layer trained under a recipe, delayed-scaling traces.
-   ``plotting/`` -- the house style and the
+   scaler) and low-precision weight storage. ``plotting/`` -- the house style and the
    figures (``ax=None`` in, the Axes out).
-6. ``widgets/`` -- the frame switcher (its JS and CSS are package data) and one view per
-   chapter. ``diagnose/`` -- the book's lessons pointed at the reader's own model: the four
+6. ``diagnose/`` -- the book's lessons pointed at the reader's own model: the four
    diagnoses and their reports, triage's tracing, pairing and checks (its bounds from
-   ``intervals/torch_ops``).
+   ``intervals/torch_ops``). ``chapters/`` -- chapter code, each module named for what it
+   is and saying which chapter it serves: ``scaling_runs`` (chapters 4 and 5: a scaler in
+   front of the network, the AMP loop), ``rl_findings`` (chapter 6: the verdicts on the
+   source's findings), ``allclose_demos`` (chapter 7: a dot product by hand, every order,
+   a bug of known size), ``quantize_runs`` (chapter 9's measurements). No concept imports
+   it; widgets and notebooks do.
+7. ``widgets/`` -- the frame switcher (its JS and CSS are package data) and one view per
+   chapter.
 """
 
 __version__ = "1.0.0"

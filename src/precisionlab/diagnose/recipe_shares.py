@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import check_choice
+from ..emulate import sqnr_db
 from ..quantize import RECIPES, Recipe
 from ..quantize import recipe as get_recipe
-from ..quantize_runs import sqnr_db
 from ..tables import Table, show, wrap
 from .report import fmt_share, short
 

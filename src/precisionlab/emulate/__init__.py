@@ -33,6 +33,7 @@ Files, one concept each (lowest first):
   cos(2 pi u), 2^n built on them, in float64, with their coefficients;
 * `summation`: `fixed_sum`, the fixed pairwise tree every reduction uses;
 * `sampling`: `randn`, the one portable normal sampler (Box-Muller, two uniforms a sample);
+* `sqnr`: `sqnr_db`, a quantized tensor's signal-to-noise ratio by the fixed-order sum;
 * `kernels`: the numba kernels, compiled twins of `elementary`, `summation`, `round_to` and
   the matmul loop (also used by `rl`'s fused policy forward);
 * `products`: the matrix products `matmul`, `linear`;
@@ -62,6 +63,7 @@ from .quantize import fake_quantize
 from .quantized_linear import QuantizedLinear, quantize_input, quantized_linear
 from .reductions import log_softmax, mean, sum
 from .sampling import randn
+from .sqnr import sqnr_db
 from .summation import fixed_sum
 
 __all__ = [
@@ -93,6 +95,7 @@ __all__ = [
     "rms_norm",
     "sigmoid",
     "silu",
+    "sqnr_db",
     "sum",
     "tanh",
 ]

@@ -45,8 +45,8 @@ structure is known:
   kernels and small networks, masked attention among them) built with the simulator, on
   which the three methods are compared, with the source's labels and the comparison table;
   `source_charge` (`source_rules`): the source's own first-order charge for a tiled matmul
-  with atomic adds; `dot_by_hand`, `every_order` and `injected_bug` (`demos`) serve the
-  chapter's walk-through and widget.
+  with atomic adds. Chapter 7's walk-through (`dot_by_hand`, `every_order`,
+  `injected_bug`) lives with the chapter, in `precisionlab.chapters.allclose_demos`.
 * `torch_ops/`: the same bounds for torch operations whose kernel is not known - the rules
   `precisionlab.diagnose.triage` bounds a traced program with (elementwise and shape
   operations, matrix products, softmax, norms, cross entropy, convolutions, attention), under
@@ -90,15 +90,6 @@ from .corpus import (
     source_issue,
     uniform_data,
 )
-from .demos import (
-    BUG_KERNELS,
-    BugCheck,
-    DotStep,
-    dot_by_hand,
-    every_order,
-    injected_bug,
-    orders_outside,
-)
 from .interval import RULES, Interval, concrete, hull, point
 from .masking import mask_after_softmax, masked_scores, masked_softmax
 from .ops import (
@@ -132,7 +123,6 @@ from .verdicts import (
 
 __all__ = [
     "ASSERT_CLOSE_TOLERANCES",
-    "BUG_KERNELS",
     "CORPUS",
     "EXTRA_CASES",
     "KERNEL_ORDERS",
@@ -141,9 +131,7 @@ __all__ = [
     "SOURCE_LABELS",
     "SOURCE_ULP_TABLE",
     "ULP_BUDGETS",
-    "BugCheck",
     "CaseResult",
-    "DotStep",
     "Interval",
     "Kernel",
     "Layer",
@@ -160,13 +148,10 @@ __all__ = [
     "corpus_table",
     "cross_entropy",
     "div",
-    "dot_by_hand",
     "evaluate_case",
-    "every_order",
     "exp",
     "high_precision_verdict",
     "hull",
-    "injected_bug",
     "leaf_depths",
     "log_softmax",
     "mask_after_softmax",
@@ -175,7 +160,6 @@ __all__ = [
     "matmul",
     "maximum",
     "mul",
-    "orders_outside",
     "point",
     "promote",
     "propagate",

@@ -32,9 +32,10 @@ Files, one concept each (lowest first):
   chapter;
 * `stall`: `stall_summary`, `stall_table`, `progress`: does the mismatched run stall, lag or
   keep level, how much slower, and how far it has got when the matched run arrives;
-* `source`: the source study's figures (`SOURCE`), `reproduces`, `comparison_table`;
-* `findings`: `source_findings`, `Evidence` (and `evidence_from_runs`), `tally` and the
-  verdict rules.
+* `source`: the source study's figures (`SOURCE`), `reproduces`, `comparison_table`.
+
+Chapter 6's verdicts on the source's findings live with the chapter, in
+`precisionlab.chapters.rl_findings`.
 
 Randomness: `Policy` and the trainers take a `seed`; `Engine.generate` and `sample_tokens`
 continue the stream of a `torch.Generator`.
@@ -42,19 +43,6 @@ continue the stream of a `torch.Generator`.
 
 from .beta import band_report, beta_by_band, beta_by_offset, beta_table, logit_rounding_beta
 from .engine import Engine, Rollout, sample_tokens, sequence_logprobs, vocabulary_logprobs
-from .findings import (
-    CONVERGE_KEYS,
-    VERDICTS,
-    Evidence,
-    evidence_from_runs,
-    grows,
-    normal_outside,
-    source_findings,
-    steps_to_target,
-    tally,
-    weight_mean,
-    weight_means,
-)
 from .forward import policy_logprobs
 from .gathered import gathered_log_softmax
 from .gradients import GradientDecomposition, four_pass_gradients, gradient_report, policy_gradient
@@ -93,7 +81,6 @@ __all__ = [
     "BACKENDS",
     "CLIP_CLASSES",
     "COMPARISON_HEADERS",
-    "CONVERGE_KEYS",
     "EOS",
     "KERNELS",
     "MASTER_PRECISIONS",
@@ -105,10 +92,8 @@ __all__ = [
     "STALL_HEADERS",
     "STALL_VERDICTS",
     "STEP_FIELDS",
-    "VERDICTS",
     "WEIGHT_MODES",
     "Engine",
-    "Evidence",
     "GradientDecomposition",
     "Policy",
     "PolicyConfig",
@@ -126,7 +111,6 @@ __all__ = [
     "classify_clipping",
     "clipped",
     "comparison_table",
-    "evidence_from_runs",
     "fcorr",
     "find_stored",
     "fmean",
@@ -135,12 +119,10 @@ __all__ = [
     "gathered_log_softmax",
     "gradient_report",
     "group_advantages",
-    "grows",
     "load_runs",
     "log_ratio_split",
     "logit_rounding_beta",
     "make_engine",
-    "normal_outside",
     "permuted_weights",
     "policy_gradient",
     "policy_logprobs",
@@ -150,20 +132,15 @@ __all__ = [
     "sample_tokens",
     "save_runs",
     "sequence_logprobs",
-    "source_findings",
     "source_stall_row",
     "stall_summary",
     "stall_table",
-    "steps_to_target",
     "surrogate_loss",
-    "tally",
     "target_reward",
     "token_weights",
     "train",
     "train_many",
     "train_seeds",
     "vocabulary_logprobs",
-    "weight_mean",
-    "weight_means",
     "with_changes",
 ]

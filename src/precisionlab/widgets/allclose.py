@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..intervals import injected_bug
+from ..chapters.allclose_demos import injected_bug
 from ..plotting import plot_bound_bands
 from .frames import interactive
 from .view import TextPanel, view_figure

@@ -6,18 +6,18 @@ from functools import lru_cache
 
 from matplotlib.figure import Figure
 
-from ..checks import check_real
-from ..formats import short_name
-from ..plotting import PALETTE, plot_block_sqnr
-from ..quantize import SCALE_FORMATS, quantize_blocks
-from ..quantize.choices import check_format
-from ..quantize_runs import (
+from ..chapters.quantize_runs import (
     OUTLIER_CHANNELS,
     block_sqnr,
     outlier_activations,
     outlier_report,
     share_beside_outliers,
 )
+from ..checks import check_real
+from ..formats import short_name
+from ..plotting import PALETTE, plot_block_sqnr
+from ..quantize import SCALE_FORMATS, quantize_blocks
+from ..quantize.choices import check_format
 from .frames import interactive
 from .view import TextPanel, view_figure
 

@@ -1,4 +1,5 @@
-"""Judging the source's findings on the book's runs: the verdict rules, the evidence, the tally."""
+"""Chapter 6: judging the source's findings on the book's runs (the verdict rules, the
+evidence, the tally)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import torch
 
 from .. import emulate as E
 from ..checks import check_choice, check_positive
-from .grpo import token_weights
-from .runs import RunLog
-from .source import SOURCE, reproduces
-from .stats import fmean, fstd
+from ..rl.grpo import token_weights
+from ..rl.runs import RunLog
+from ..rl.source import SOURCE, reproduces
+from ..rl.stats import fmean, fstd
 
 __all__ = ["CONVERGE_KEYS", "VERDICTS", "Evidence", "evidence_from_runs", "grows",
            "normal_outside", "source_findings", "steps_to_target", "tally", "weight_mean",

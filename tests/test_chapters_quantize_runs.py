@@ -1,4 +1,4 @@
-"""Tests for chapter 9's measurements (precisionlab.quantize_runs), its figures and its explorer.
+"""Tests for chapter 9's measurements (precisionlab.chapters.quantize_runs), its figures and its explorer.
 
 Oracles: math.fsum for the SQNR sums, torch's own float8 casts of the scaled tensor for the
 quantized values and their shares, brute-force block membership, the float64 product for the
@@ -12,10 +12,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from oracles import fsum_sqnr
 
-from precisionlab import emulate, plotting, quantize_runs, underflow, widgets
-from precisionlab.quantize import RECIPES, DelayedScaling, Recipe, quantize_per_tensor
-from precisionlab.quantize_runs import (
+from precisionlab import emulate, plotting, underflow, widgets
+from precisionlab.chapters import quantize_runs
+from precisionlab.chapters.quantize_runs import (
     OUTLIER_CHANNELS,
     SharedScale,
     block_sqnr,
@@ -26,20 +27,12 @@ from precisionlab.quantize_runs import (
     scaling_trace,
     share_beside_outliers,
     spike_stream,
-    sqnr_db,
     train_quantized,
 )
+from precisionlab.quantize import RECIPES, DelayedScaling, Recipe, quantize_per_tensor
 
 E4M3_TIE = 464.0  # 448 + ulp(448)/2: |x m| above it rounds past E4M3's largest value
 FP4_TENSOR = Recipe("fp4_tensor", "float4_e2m1fn", "tensor")
-
-
-def _fsum_sqnr(x, xhat) -> float:
-    """10 log10(sum x^2 / sum (x - xhat)^2) with exactly rounded sums (math.fsum)."""
-    a = np.asarray(x, dtype=np.float64).ravel()
-    e = a - np.asarray(xhat, dtype=np.float64).ravel()
-    noise = math.fsum(e * e)
-    return math.inf if noise == 0 else 10 * math.log10(math.fsum(a * a) / noise)
 
 
 def _e4m3_oracle(x: torch.Tensor, amax: float):
@@ -53,19 +46,6 @@ def _e4m3_oracle(x: torch.Tensor, amax: float):
 # ----------------------------------------------------------------------------- SQNR
 
 
-def test_sqnr_db_matches_exactly_rounded_sums():
-    gen = torch.Generator().manual_seed(3)
-    x = emulate.randn(37, 11, generator=gen, dtype=torch.float64)
-    xhat = x + 1e-3 * emulate.randn(37, 11, generator=gen, dtype=torch.float64)
-    assert sqnr_db(x, xhat) == pytest.approx(_fsum_sqnr(x, xhat), rel=1e-12)
-    assert sqnr_db(x, x) == math.inf
-    assert sqnr_db(x, torch.zeros_like(x)) == 0.0  # nothing kept
-    with pytest.raises(ValueError, match="same shape"):
-        sqnr_db(x, x[:3])
-    with pytest.raises(ValueError, match="all zeros"):
-        sqnr_db(torch.zeros(4), torch.zeros(4))
-
-
 def test_block_sqnr_is_the_sqnr_of_each_group_of_ordinary_channels():
     x = outlier_activations(8, 64, 30.0, (5, 40), seed=2)
     xhat = RECIPES["mxfp4"](x).dequantize()
@@ -73,7 +53,7 @@ def test_block_sqnr_is_the_sqnr_of_each_group_of_ordinary_channels():
     keep = [c for c in range(64) if c not in (5, 40)]
     for k in range(4):
         cols = [c for c in keep if c // 16 == k]
-        assert got[k] == pytest.approx(_fsum_sqnr(x[:, cols], xhat[:, cols]), rel=1e-12)
+        assert got[k] == pytest.approx(fsum_sqnr(x[:, cols], xhat[:, cols]), rel=1e-12)
     with pytest.raises(ValueError, match="divide"):
         block_sqnr(x, xhat, 24)
 
@@ -120,7 +100,7 @@ def test_quantize_layers_against_torch_casts_and_fsum():
         assert got.saturated[k] == float((y.abs() > E4M3_TIE).double().mean())
         small = (ref != 0) & (ref.abs() < 2.0**-6)
         assert got.subnormal[k] == float(small.double().mean())
-        assert got.sqnr[k] == pytest.approx(_fsum_sqnr(s, ref.double() * (1 / m).double()),
+        assert got.sqnr[k] == pytest.approx(fsum_sqnr(s, ref.double() * (1 / m).double()),
                                             rel=1e-9, abs=1e-12)
     # one scale for the deep stack: the first layer with half its entries zero
     half = [k for k in range(24) if got.underflowed[k] >= 0.5]
@@ -169,13 +149,13 @@ def test_outlier_report_counts_what_the_quantizer_lost():
         float(x.abs().max()) < 0.25
     assert r.ordinary_lost == 1.0 and r.sqnr_ordinary == 0.0
     q = FP4_TENSOR(x).dequantize()
-    assert r.sqnr == pytest.approx(_fsum_sqnr(x, q), rel=1e-12)
+    assert r.sqnr == pytest.approx(fsum_sqnr(x, q), rel=1e-12)
     r8 = outlier_report(x, (7,), RECIPES["mxfp8"])
     keep = [c for c in range(64) if c != 7]
     q8 = RECIPES["mxfp8"](x).dequantize()
     lost = ((x[:, keep] != 0) & (q8[:, keep] == 0)).double().mean()
     assert r8.ordinary_lost == float(lost)
-    assert r8.sqnr_ordinary == pytest.approx(_fsum_sqnr(x[:, keep], q8[:, keep]), rel=1e-12)
+    assert r8.sqnr_ordinary == pytest.approx(fsum_sqnr(x[:, keep], q8[:, keep]), rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- training
@@ -290,7 +270,7 @@ def test_scaling_trace_of_delayed_max_against_its_rule():
         ref, y, m = _e4m3_oracle(s[k], held)
         assert t.admitted[k] == pytest.approx(448 / float(m), rel=1e-7)
         assert t.saturated[k] == float((y.abs() > E4M3_TIE).double().mean())
-        assert t.sqnr[k] == pytest.approx(_fsum_sqnr(s[k], ref.double() * (1 / m).double()),
+        assert t.sqnr[k] == pytest.approx(fsum_sqnr(s[k], ref.double() * (1 / m).double()),
                                           rel=1e-9)
     assert t.saturated[25] > 0.5  # the spike, clipped
     cur = scaling_trace(s, quantize_per_tensor)
@@ -353,7 +333,7 @@ def test_block_explorer_meets_the_page_budget():
 
 _PORTABLE = """
 import hashlib, numpy as np, torch
-from precisionlab import quantize_runs as qr
+from precisionlab.chapters import quantize_runs as qr
 from precisionlab.quantize import RECIPES, DelayedScaling, Recipe
 sig = qr.network_signals(0.82, 32, 32, 4, seed=0)
 parts = [qr.quantize_layers(sig, q) for q in (qr.SharedScale.over(sig), RECIPES["mxfp8"],

@@ -1,4 +1,5 @@
-"""Scaling at finer grain, measured: what a quantizer keeps of the book's tensors, and a run under it.
+"""Chapter 9, scaling at finer grain, measured: what a quantizer keeps of the book's tensors,
+and a run under it.
 
 Chapter 9 puts the `quantize` recipes to work on tensors of the book:
 
@@ -18,7 +19,7 @@ Chapter 9 puts the `quantize` recipes to work on tensors of the book:
 Every number is portable: float64 sums by `emulate.fixed_sum`, normal samples by
 `emulate.randn`, matrix products by `emulate`'s fixed-order kernels.
 
-Floor 5: imports `quantize`, `emulate` (floor 3) and `underflow` (floor 4).
+Chapter code (`precisionlab.chapters`): imports `quantize`, `emulate` and `underflow`.
 """
 
 from __future__ import annotations
@@ -32,42 +33,24 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from . import emulate
-from .checks import check_count, check_positive
-from .formats import get_format
-from .quantize import DelayedScaling, Quantized
-from .quantize.choices import ELEMENT_FORMATS, check_format
-from .quantize.grid import block_shape
-from .underflow import AttenuatingNet, make_batch
+from .. import emulate
+from ..checks import check_count, check_positive
+from ..emulate.sqnr import energy, sqnr_db
+from ..formats import get_format
+from ..quantize import DelayedScaling, Quantized
+from ..quantize.choices import ELEMENT_FORMATS, check_format
+from ..quantize.grid import block_shape
+from ..underflow import AttenuatingNet, make_batch
 
 __all__ = ["OUTLIER_CHANNELS", "LayerQuantization", "OutlierReport", "QuantizedRun",
            "ScalingTrace", "SharedScale", "block_sqnr", "network_signals",
            "outlier_activations", "outlier_regression", "outlier_report", "quantize_layers",
-           "scaling_trace", "share_beside_outliers", "spike_stream", "sqnr_db",
+           "scaling_trace", "share_beside_outliers", "spike_stream",
            "trace_table_rows", "train_quantized"]
 
 OUTLIER_CHANNELS: tuple[int, ...] = (17, 90, 161, 230)  # one in each 64 channels of 256
 
 Quantizer = Callable[[torch.Tensor], Quantized]
-
-
-def _energy(x: torch.Tensor) -> float:
-    """sum x^2 over every entry, in float64 by fixed_sum (the same bits on every machine)."""
-    v = x.detach().to(torch.float64).reshape(-1)
-    return float(emulate.fixed_sum(v * v, -1))
-
-
-def sqnr_db(x, xhat) -> float:
-    """10 log10(sum x^2 / sum (x - xhat)^2) in dB; inf when xhat = x, 0 dB when xhat = 0."""
-    x, xhat = torch.as_tensor(x), torch.as_tensor(xhat)
-    if x.shape != xhat.shape:
-        raise ValueError(f"x and xhat must have the same shape; got {tuple(x.shape)} and "
-                         f"{tuple(xhat.shape)}")
-    signal = _energy(x)
-    if signal == 0:
-        raise ValueError("x is all zeros: its SQNR is undefined")
-    noise = _energy(x.to(torch.float64) - xhat.to(torch.float64))
-    return math.inf if noise == 0 else 10 * math.log10(signal / noise)
 
 
 def block_sqnr(x: torch.Tensor, xhat: torch.Tensor, block: int,
@@ -238,7 +221,7 @@ def train_quantized(x: torch.Tensor, y: torch.Tensor, x_quantizer: Quantizer | N
     lin = emulate.QuantizedLinear(torch.zeros(y.shape[-1], x.shape[-1]), None,
                                   w_quantizer=w_quantizer, grad_quantizer=grad_quantizer)
     opt = emulate.Adam(lin.parameters(), lr=check_positive(lr, "lr"))
-    y0 = _energy(y) / y.numel()  # the loss of W = 0
+    y0 = energy(y) / y.numel()  # the loss of W = 0
     losses = []
     for _ in range(int(steps)):
         opt.zero_grad()

@@ -1,4 +1,4 @@
-"""Runs with a loss scaler, as chapters 4 and 5 read them.
+"""Chapters 4 and 5: runs with a loss scaler, as the chapters read them.
 
 `scaler_in_front` puts GradScaler's rule (`scaling.update_scale`) in front of chapter 4's
 `underflow.AttenuatingNet` and records what the scaler does until its first good step.
@@ -9,7 +9,7 @@ that carries the scaler's state. `scale_actions` and `grads_identical` turn the 
 run into what the chapters' tables show: the scaler's decision at each step, and whether two
 runs handed the optimizer the same gradients.
 
-Floor 5: imports `scaling` and `underflow` (floor 4).
+Chapter code (`precisionlab.chapters`): imports `scaling` and `underflow`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .checks import check_positive
-from .scaling import ScaleHistory, TrainLog, update_scale
-from .underflow import AttenuatingNet, LayerGradients, make_batch, probe_gradients
+from ..checks import check_positive
+from ..scaling import ScaleHistory, TrainLog, update_scale
+from ..underflow import AttenuatingNet, LayerGradients, make_batch, probe_gradients
 
 __all__ = ["AmpStep", "ScalerProbe", "grads_identical", "scale_actions", "scaler_in_front",
            "train_amp"]

@@ -1,4 +1,4 @@
-"""Tests for precisionlab.scaling_runs.
+"""Tests for precisionlab.chapters.scaling_runs (chapters 4 and 5).
 
 Oracles: torch.amp.GradScaler (the scale after each update, given the same inf/NaN flags),
 the network's own probe at each recorded scale, a float64 forward pass rounded to float16 by
@@ -18,14 +18,14 @@ import pytest
 import torch
 
 from precisionlab import scaling
-from precisionlab.scaling import DynamicLossScaler, ScaleHistory, TrainLog
-from precisionlab.scaling_runs import (
+from precisionlab.chapters.scaling_runs import (
     AmpStep,
     grads_identical,
     scale_actions,
     scaler_in_front,
     train_amp,
 )
+from precisionlab.scaling import DynamicLossScaler, ScaleHistory, TrainLog
 from precisionlab.underflow import AttenuatingNet, make_batch, probe_network
 
 ROOT = Path(__file__).resolve().parent.parent

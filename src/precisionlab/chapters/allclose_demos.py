@@ -1,4 +1,5 @@
-"""The chapter's demonstrations: a dot product by hand, and a matmul with a bug of known size."""
+"""Chapter 7's demonstrations: a dot product by hand, every summation order, and a matmul
+with a bug of known size."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import numpy as np
 from ..checks import check_choice, check_nonnegative, check_positive_int
 from ..formats import get_format
 from ..gpu import Kernel, as_float64, promote, round_float64
-from .bounds import matmul
-from .corpus import uniform_data
-from .interval import Interval, point
-from .ops import add
-from .outward import round_out
-from .verdicts import ASSERT_CLOSE_TOLERANCES, Layer, allclose, run_layers
+from ..intervals.bounds import matmul
+from ..intervals.corpus import uniform_data
+from ..intervals.interval import Interval, point
+from ..intervals.ops import add
+from ..intervals.outward import round_out
+from ..intervals.verdicts import ASSERT_CLOSE_TOLERANCES, Layer, allclose, run_layers
 
 _MAX_ORDER_TERMS = 8  # 8! = 40320 sequential dot products
 

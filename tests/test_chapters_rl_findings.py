@@ -1,4 +1,4 @@
-"""rl.source_findings and its helpers against hand-built logs and independent oracles.
+"""findings.source_findings and its helpers against hand-built logs and independent oracles.
 
 Oracles: mpmath's normal CDF at 50 digits for the Gaussian tail; a Welch standard error written out with
 numpy; token weights min(rA, clip(r)A) by numpy; every verdict rule exercised on RunLogs whose
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from precisionlab import rl
+from precisionlab.chapters import rl_findings as findings
 
 STEPS = 30
 
@@ -37,7 +38,7 @@ def _converging(at: int | None, steps: int = STEPS) -> np.ndarray:
     return r
 
 
-def _evidence(**changes) -> rl.Evidence:
+def _evidence(**changes) -> findings.Evidence:
     seeds = (0, 1, 2)
     kw = {
         "matched": {s: _log(reward=_converging(10)) for s in seeds},
@@ -47,7 +48,7 @@ def _evidence(**changes) -> rl.Evidence:
                      "eps10": [20, 20, 20], "shadow": [21, 22, 23]},
     }
     kw.update(changes)
-    return rl.Evidence(**kw)
+    return findings.Evidence(**kw)
 
 
 def test_normal_outside_is_the_gaussian_tail():
@@ -57,12 +58,12 @@ def test_normal_outside_is_the_gaussian_tail():
             below = mpmath.ncdf(lo, mu=mean, sigma=std)
             above = 1 - mpmath.ncdf(hi, mu=mean, sigma=std)
             want = float(below + above)
-        assert rl.normal_outside(mean, std, lo, hi) == pytest.approx(want, rel=1e-12)
-    assert f"{rl.normal_outside(-0.01, 0.15, -0.2, 0.2):.0%}" == "18%"  # the source's estimate
+        assert findings.normal_outside(mean, std, lo, hi) == pytest.approx(want, rel=1e-12)
+    assert f"{findings.normal_outside(-0.01, 0.15, -0.2, 0.2):.0%}" == "18%"  # the source's estimate
     with pytest.raises(ValueError, match="std"):
-        rl.normal_outside(0.0, 0.0, -1.0, 1.0)
+        findings.normal_outside(0.0, 0.0, -1.0, 1.0)
     with pytest.raises(ValueError, match="lo"):
-        rl.normal_outside(0.0, 1.0, 1.0, -1.0)
+        findings.normal_outside(0.0, 1.0, 1.0, -1.0)
 
 
 def test_grows_uses_two_welch_standard_errors():
@@ -70,11 +71,11 @@ def test_grows_uses_two_welch_standard_errors():
     early, late = rng.normal(0.0, 0.01, 10), rng.normal(0.0, 0.01, 10)
     se = math.sqrt(np.var(early, ddof=1) / 10 + np.var(late, ddof=1) / 10)
     gap = late.mean() - early.mean()
-    assert rl.grows(early, late) == (gap > 2 * se)
-    assert rl.grows(early, late + 3 * se - gap) and not rl.grows(early, late + 1.5 * se - gap)
-    assert not rl.grows([0.0321] * 5 + [0.0322] * 5, [0.0321] * 5 + [0.0325] * 5, z=1e9)
+    assert findings.grows(early, late) == (gap > 2 * se)
+    assert findings.grows(early, late + 3 * se - gap) and not findings.grows(early, late + 1.5 * se - gap)
+    assert not findings.grows([0.0321] * 5 + [0.0322] * 5, [0.0321] * 5 + [0.0325] * 5, z=1e9)
     with pytest.raises(ValueError, match="early and late"):
-        rl.grows([1.0], [1.0, 2.0])
+        findings.grows([1.0], [1.0, 2.0])
 
 
 def test_weight_mean_is_the_mean_of_the_ppo_weights():
@@ -83,14 +84,14 @@ def test_weight_mean_is_the_mean_of_the_ppo_weights():
             "adv": rng.choice([-1.5, 0.5, 2.0], 200)}
     r = np.exp(snap["alpha"] + snap["beta"])
     want = np.mean(np.minimum(r * snap["adv"], np.clip(r, 0.8, 1.2) * snap["adv"]))
-    assert rl.weight_mean(snap) == pytest.approx(want, rel=1e-12)
+    assert findings.weight_mean(snap) == pytest.approx(want, rel=1e-12)
 
 
 def test_every_row_is_judged_and_tallied():
-    rows = rl.source_findings(_evidence())
+    rows = findings.source_findings(_evidence())
     assert list(rows) == list(rl.SOURCE)
-    counts = rl.tally(rows)
-    assert sum(counts.values()) == len(rl.SOURCE) and set(counts) == set(rl.VERDICTS)
+    counts = findings.tally(rows)
+    assert sum(counts.values()) == len(rl.SOURCE) and set(counts) == set(findings.VERDICTS)
     assert rows["beta_std"] == ("0.100, 0.100, 0.100", "yes")  # within a factor 2 of 0.149
     assert rows["beta_zero"][1] == "yes"  # matched beta is 0 everywhere
     assert rows["cos_reinforce"][1] == rows["mu_w"][1] == "untestable"
@@ -100,34 +101,34 @@ def test_every_row_is_judged_and_tallied():
 def test_yes_needs_every_seed_and_no_needs_every_seed():
     ev = _evidence()
     ev.mismatched[2].beta_std[:] = 0.01  # one seed far off, two reproduce: the seeds disagree
-    assert rl.source_findings(ev)["beta_std"][1] == "mixed"
+    assert findings.source_findings(ev)["beta_std"][1] == "mixed"
     for m in ev.mismatched.values():
         m.beta_std[:] = 0.01  # every seed far off
-    assert rl.source_findings(ev)["beta_std"][1] == "no"
+    assert findings.source_findings(ev)["beta_std"][1] == "no"
     # clip contrast: two seeds in the source's direction, one against it -> mixed, not no
     ev = _evidence()
     for s, (a, b) in zip((0, 1, 2), ((0.08, 0.04), (0.05, 0.04), (0.09, 0.10)), strict=True):
         ev.mismatched[s].clip[3], ev.matched[s].clip[3] = a, b
-    assert rl.source_findings(ev)["clip_step3"][1] == "mixed"
+    assert findings.source_findings(ev)["clip_step3"][1] == "mixed"
     # deployed: matched ahead on every seed, by 5x on two and 1.5x on one -> partly
     ev = _evidence()
     for s, ratio in zip((0, 1, 2), (5.0, 5.0, 1.5), strict=True):
         ev.matched[s].deployed[:] = ratio * 1e-3
         ev.mismatched[s].deployed[:] = 1e-3
-    assert rl.source_findings(ev)["deployed"][1] == "partly"
+    assert findings.source_findings(ev)["deployed"][1] == "partly"
 
 
 def test_fixes_must_rescue_the_run_they_are_applied_to():
-    assert rl.source_findings(_evidence())["fixes"][1] == "yes"  # unfixed never arrives
+    assert findings.source_findings(_evidence())["fixes"][1] == "yes"  # unfixed never arrives
     ev = _evidence(converge={**_evidence().converge, "fix_baseline": [27, 27, 8],
                              "eps10": [23, 23, 9]})
-    assert rl.source_findings(ev)["fixes"][1] == "mixed"  # seed 2: later than the unfixed run
+    assert findings.source_findings(ev)["fixes"][1] == "mixed"  # seed 2: later than the unfixed run
     ev = _evidence(converge={**_evidence().converge, "fix_baseline": [8, 8, 8],
                              "eps10": [23, 23, 9]})
-    assert rl.source_findings(ev)["fixes"][1] == "no"  # later than the unfixed run everywhere
+    assert findings.source_findings(ev)["fixes"][1] == "no"  # later than the unfixed run everywhere
     ev = _evidence(converge={**_evidence().converge, "fix_baseline": [None, None, 10],
                              "eps10": [23, 23, 9], "shadow": [29, 27, 9]})
-    assert rl.source_findings(ev)["fixes"][1] == "partly"  # earlier on every seed
+    assert findings.source_findings(ev)["fixes"][1] == "partly"  # earlier on every seed
 
 
 def test_the_cosine_is_judged_against_the_matched_run():
@@ -135,16 +136,16 @@ def test_the_cosine_is_judged_against_the_matched_run():
         return {3: {"cos_reinforce": c, "cos_ratio_score": -0.5, "cos_clean_actual": 0.99}}
 
     ev = _evidence(gradients={0: rep(0.939)}, matched_gradients={0: rep(0.950)})
-    rows = rl.source_findings(ev)
+    rows = findings.source_findings(ev)
     assert rows["cos_reinforce"][1] == "mixed"  # a fall of 0.011 on one seed of three: not no
     three = {s: rep(0.939) for s in (0, 1, 2)}
     ev = _evidence(gradients=three, matched_gradients={s: rep(0.950) for s in (0, 1, 2)})
-    assert rl.source_findings(ev)["cos_reinforce"][1] == "no"  # no evidence on any seed
+    assert findings.source_findings(ev)["cos_reinforce"][1] == "no"  # no evidence on any seed
     ev = _evidence(gradients={0: rep(0.60)}, matched_gradients={0: rep(0.95)})
-    assert rl.source_findings(ev)["cos_reinforce"][1] == "partly"  # yes, capped: one seed
+    assert findings.source_findings(ev)["cos_reinforce"][1] == "partly"  # yes, capped: one seed
     three = {s: rep(0.60) for s in (0, 1, 2)}
     ev = _evidence(gradients=three, matched_gradients={s: rep(0.95) for s in (0, 1, 2)})
-    rows = rl.source_findings(ev)
+    rows = findings.source_findings(ev)
     assert rows["cos_reinforce"][1] == "yes" and rows["cos_no_clip"][1] == "yes"
     assert rows["cos_ratio_score"][1] == "yes"
 
@@ -154,19 +155,19 @@ def test_a_correlation_must_rise_beyond_its_noise():
     flat = _evidence()
     for m in flat.mismatched.values():
         m.beta_adv_corr[:] = 0.0321 + rng.normal(0, 0.01, STEPS)
-    assert rl.source_findings(flat)["corr"][1] == "no"
+    assert findings.source_findings(flat)["corr"][1] == "no"
     rising = _evidence()
     for m in rising.mismatched.values():
         m.beta_adv_corr[:] = np.linspace(0.0, 0.1, STEPS) + rng.normal(0, 0.002, STEPS)
-    assert rl.source_findings(rising)["corr"][1] == "yes"
+    assert findings.source_findings(rising)["corr"][1] == "yes"
 
 
 def test_calibrated_rows_read_set_and_unknown_keys_are_rejected():
-    rows = rl.source_findings(_evidence(calibrated=frozenset({"beta_std", "first_sync"})))
+    rows = findings.source_findings(_evidence(calibrated=frozenset({"beta_std", "first_sync"})))
     assert rows["beta_std"][1] == rows["first_sync"][1] == "set"
-    assert rl.tally(rows)["set"] == 2
+    assert findings.tally(rows)["set"] == 2
     with pytest.raises(ValueError, match="unknown source finding"):
-        rl.source_findings(_evidence(calibrated=frozenset({"beta_mean"})))
+        findings.source_findings(_evidence(calibrated=frozenset({"beta_mean"})))
 
 
 def test_windows_restrict_the_steps():
@@ -174,12 +175,12 @@ def test_windows_restrict_the_steps():
     for m in ev.mismatched.values():
         m.beta_std[:10] = 0.15
         m.beta_std[10:] = 10.0
-    assert rl.source_findings(ev)["beta_std"] == ("0.150, 0.150, 0.150", "yes")
+    assert findings.source_findings(ev)["beta_std"] == ("0.150, 0.150, 0.150", "yes")
     ev = _evidence()
     for m in ev.mismatched.values():
         m.beta_std[:10] = 0.15
         m.beta_std[10:] = 10.0
-    assert rl.source_findings(ev)["beta_std"][1] == "no"
+    assert findings.source_findings(ev)["beta_std"][1] == "no"
 
 
 def test_undefined_seeds_are_left_out_and_unmeasured_ones_cap():
@@ -189,8 +190,8 @@ def test_undefined_seeds_are_left_out_and_unmeasured_ones_cap():
     for m in ev.mismatched.values():
         m.beta_adv_corr[:] = np.linspace(0.0, 0.1, STEPS) + rng.normal(0, 0.002, STEPS)
     ev.mismatched[2].beta_adv_corr[-3:] = np.nan
-    assert rl.source_findings(ev)["corr"][1] == "yes"  # the two defined seeds agree
-    assert rl.source_findings(ev)["corr"][0].endswith(">nan")
+    assert findings.source_findings(ev)["corr"][1] == "yes"  # the two defined seeds agree
+    assert findings.source_findings(ev)["corr"][0].endswith(">nan")
     # gradient reports: a step whose cosines are nan is skipped, the seed's other steps count
     def rep(c):
         return {"cos_reinforce": c, "cos_ratio_score": -0.5, "cos_clean_actual": 0.99}
@@ -198,28 +199,28 @@ def test_undefined_seeds_are_left_out_and_unmeasured_ones_cap():
     nan_step = {3: rep(0.60), 20: rep(float("nan"))}
     ev = _evidence(gradients={s: nan_step for s in (0, 1, 2)},
                    matched_gradients={s: {3: rep(0.95), 20: rep(-0.1)} for s in (0, 1, 2)})
-    rows = rl.source_findings(ev)
+    rows = findings.source_findings(ev)
     assert rows["cos_reinforce"] == ("0.950/0.600; 0.950/0.600; 0.950/0.600", "yes")
     # the rare-token bands come from one seed: at most partly, never no
-    assert rl.source_findings(_evidence(rare=(0.75, 0.02)))["rare"][1] == "partly"
-    assert rl.source_findings(_evidence(rare=(0.02, 0.75)))["rare"][1] == "mixed"
+    assert findings.source_findings(_evidence(rare=(0.75, 0.02)))["rare"][1] == "partly"
+    assert findings.source_findings(_evidence(rare=(0.02, 0.75)))["rare"][1] == "mixed"
 
 
 def test_mu_w_is_judged_per_seed():
     same = {s: (-0.25, -0.24) for s in (0, 1, 2)}
-    assert rl.source_findings(_evidence(mu_w=same))["mu_w"][1] == "yes"
+    assert findings.source_findings(_evidence(mu_w=same))["mu_w"][1] == "yes"
     level = {s: (-0.80, -0.78) for s in (0, 1, 2)}  # equal across runs, another level
-    assert rl.source_findings(_evidence(mu_w=level))["mu_w"][1] == "partly"
+    assert findings.source_findings(_evidence(mu_w=level))["mu_w"][1] == "partly"
     one_off = {**same, 2: (-0.33, -0.28)}  # 15% apart on one seed
-    assert rl.source_findings(_evidence(mu_w=one_off))["mu_w"][1] == "mixed"
+    assert findings.source_findings(_evidence(mu_w=one_off))["mu_w"][1] == "mixed"
     apart = {s: (-0.33, -0.28) for s in (0, 1, 2)}
-    assert rl.source_findings(_evidence(mu_w=apart))["mu_w"][1] == "no"
+    assert findings.source_findings(_evidence(mu_w=apart))["mu_w"][1] == "no"
 
 
 def test_the_tally_counts_mixed_rows():
     ev = _evidence()
     ev.mismatched[2].beta_std[:] = 0.01
-    counts = rl.tally(rl.source_findings(ev))
+    counts = findings.tally(findings.source_findings(ev))
     assert counts["mixed"] >= 1 and sum(counts.values()) == len(rl.SOURCE)
 
 
@@ -279,20 +280,20 @@ def test_weight_means_lists_every_recorded_step_in_order():
     snaps = {k: {"alpha": rng.normal(0, 0.05, 50), "beta": rng.normal(0, 0.2, 50),
                  "adv": rng.choice([-1.0, 0.5, 2.0], 50)} for k in (7, 0, 3)}
     log = dataclasses.replace(_log(), snapshots=snaps)
-    got = rl.weight_means(log, 0.1, 0.3)
+    got = findings.weight_means(log, 0.1, 0.3)
     for k, value in zip((0, 3, 7), got, strict=True):  # step order, not insertion order
         s = snaps[k]
         r = np.exp(s["alpha"] + s["beta"])
         want = np.mean(np.minimum(r * s["adv"], np.clip(r, 0.9, 1.3) * s["adv"]))
         assert value == pytest.approx(want, rel=1e-12)
-    assert rl.weight_means(_log()) == []
+    assert findings.weight_means(_log()) == []
 
 
 def test_steps_to_target_reads_every_seed_in_order():
     by_seed = {2: {"a": _log(reward=_converging(20))}, 0: {"a": _log(reward=_converging(8))},
                1: {"a": _log(reward=_converging(None))}}
-    assert rl.steps_to_target(by_seed, "a") == [8, None, 20]
-    assert rl.steps_to_target(by_seed, "a", target=-20.0) == [4, 4, 4]  # -10 >= -20 at once
+    assert findings.steps_to_target(by_seed, "a") == [8, None, 20]
+    assert findings.steps_to_target(by_seed, "a", target=-20.0) == [4, 4, 4]  # -10 >= -20 at once
 
 
 def test_evidence_from_runs_is_the_hand_built_evidence():
@@ -309,7 +310,7 @@ def test_evidence_from_runs_is_the_hand_built_evidence():
         report = {"cos_ratio_score": -0.3, "cos_clean_actual": 0.99, "cos_reinforce": 0.5}
         runs["mm"] = dataclasses.replace(runs["mm"], gradients={3: report} if s else {})
         by_seed[s] = runs
-    got = rl.evidence_from_runs(by_seed, names, rare=(0.5, 0.1))
+    got = findings.evidence_from_runs(by_seed, names, rare=(0.5, 0.1))
     want_converge = dict(ev.converge, fix_baseline=[12, 12, 12])  # the mismatched run
     assert got.converge == want_converge
     assert got.matched == ev.matched and got.rare == (0.5, 0.1)
@@ -317,9 +318,9 @@ def test_evidence_from_runs_is_the_hand_built_evidence():
     hand = dataclasses.replace(ev, converge=want_converge, rare=(0.5, 0.1),
                                mismatched={s: by_seed[s]["mm"] for s in (0, 1, 2)},
                                gradients={s: by_seed[s]["mm"].gradients for s in (1, 2)})
-    assert rl.source_findings(got) == rl.source_findings(hand)
-    given = rl.evidence_from_runs(by_seed, names, gradients={0: {}})
+    assert findings.source_findings(got) == findings.source_findings(hand)
+    given = findings.evidence_from_runs(by_seed, names, gradients={0: {}})
     assert given.gradients == {0: {}} and given.matched_gradients == {}
     with pytest.raises(ValueError, match="names must name a run for eps10, shadow"):
-        rl.evidence_from_runs(by_seed, {k: v for k, v in names.items()
+        findings.evidence_from_runs(by_seed, {k: v for k, v in names.items()
                                         if k not in ("eps10", "shadow")})

@@ -1,5 +1,6 @@
 """diagnose.gradients against direct torch casts, torch.amp.GradScaler and ml_dtypes."""
 
+import copy
 import math
 
 import ml_dtypes
@@ -376,3 +377,65 @@ def test_scale_view_counts_an_entry_exactly_at_the_overflow_threshold():
         quiet = r.scale_view(19, "float16")
         assert dict(quiet[0].rows)["tensors with an overflowing entry"] == "0 of 1"
         assert not quiet[1].axes[0].collections
+
+
+def _special_values(scale_exp, fmts):
+    """float32 values around every threshold of fmts at loss scale 2^scale_exp, with zeros,
+    subnormals, infinities and NaN."""
+    from precisionlab.diagnose import cast_thresholds
+    vals = [0.0, -0.0, 2.0**-149, 3 * 2.0**-149, 2.0**-126, 2.0**-127 * 1.5, math.inf,
+            -math.inf, math.nan, 3.4e38, 1.0, -1.0]
+    for f in fmts:
+        for c in cast_thresholds(f):
+            t = np.float64(c) / 2.0**scale_exp
+            if 2.0**-149 <= t <= 3.4e38:
+                x = np.float32(t)
+                vals += [float(x), float(np.nextafter(x, np.float32(0))),
+                         float(np.nextafter(x, np.float32(np.inf)))]
+    return torch.tensor(vals, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("scale_exp", [-140, -20, 0, 12, 40, 150])
+def test_compiled_counts_equal_the_float64_counts(scale_exp):
+    """The compiled pass over float32 bit patterns gives count_torch's counts exactly: every
+    threshold and its float32 neighbours, subnormals, inf, NaN, big and small tensors."""
+    from precisionlab.diagnose.gradients import count_compiled, count_torch
+    from precisionlab.formats import get_format
+    fmts = [get_format(f) for f in ("float16", "bfloat16", "float8_e5m2", "float32")]
+    g = torch.Generator().manual_seed(scale_exp + 200)
+    wide = (torch.randn(70_000, generator=g) * 2.0 ** torch.randint(-160, 120, (70_000,),
+                                                                    generator=g)).float()
+    special = _special_values(scale_exp, fmts)
+    wide[:special.numel()] = special
+    tensors = [wide, special, torch.zeros(0), torch.zeros(5), torch.full((3,), math.nan),
+               torch.randn(4, 5, generator=g) * 1e-6]
+    scale = 2.0**scale_exp
+    for got, t in zip(count_compiled(tensors, scale, fmts), tensors, strict=True):
+        want = count_torch(t, scale, fmts)
+        for a, b in zip(got[:7], want[:7], strict=True):
+            assert a == b
+        assert np.array_equal(got[7], want[7])
+        assert all(np.array_equal(got[8][k], want[8][k]) for k in want[8])
+
+
+def test_a_bfloat16_model_is_counted_from_float32_gradients():
+    """A bfloat16 model's backward runs on a float32 copy (its bfloat16 images cast up,
+    exactly): the counts are those of the float32 gradients a direct float32 backward of the
+    same weights gives, the model itself is left as it was, and the summary says so."""
+    m, x, loss_fn = _cnn_case()
+    low = m.to(torch.bfloat16)
+    xb = x.to(torch.bfloat16)
+    r = diagnose.gradients(low, lambda out: loss_fn(out.float()), xb)
+    assert all(p.dtype == torch.bfloat16 and p.grad is None for p in low.parameters())
+    f32 = copy.deepcopy(low).float()
+    grads = torch.autograd.grad(loss_fn(f32(xb.float())), list(f32.parameters()))
+    assert all(g.dtype == torch.float32 for g in grads)
+    for t, g in zip(r.tensors, grads, strict=True):
+        c = g.to(torch.float16)
+        assert t.flushed["float16"] == int(((g != 0) & (c == 0)).sum()) and t.numel == g.numel()
+        assert t.max_abs == float(g.abs().max())
+    assert r.total("flushed", "float16") > 0
+    assert "float32 copy of the bfloat16 model" in r.summary()
+    # float32 images: cast_inputs=True rounds them to the model's bfloat16 first
+    rc = diagnose.gradients(low, lambda out: loss_fn(out.float()), x, cast_inputs=True)
+    assert [t.flushed for t in rc.tensors] == [t.flushed for t in r.tensors]

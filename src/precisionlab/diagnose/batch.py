@@ -5,8 +5,14 @@ positional inputs, or a dict of keyword inputs such as a tokenizer's ``input_ids
 
 `as_inputs` turns a batch into `Inputs`, a tuple of every input (positional first, then the
 keyword values in order) that remembers which trailing ones are keywords; `call` runs a model
-on it, `cast` casts its floating tensors (integer ids and masks stay integer); `output_tensors`
-lists the tensors of an output, choosing one field of a dict output.
+on it (a dtype clash between the batch and the model's parameters is re-raised as a ValueError
+that says what to pass), `cast` casts its floating tensors (integer ids and masks stay
+integer); `output_tensors` lists the tensors of an output, choosing one field of a dict output.
+
+`cast_inputs=True`, the one keyword the four diagnoses share for it, goes through `for_program`:
+the batch's floating tensors cast to the program's parameter dtype (`param_dtype`: the first
+floating parameter, in `named_parameters` order, of the Module the program is, is bound to or
+closes over), so a bfloat16 copy of an image model can be given the float32 images.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-__all__ = ["Inputs", "as_inputs", "call", "cast", "output_tensors", "tensors"]
+__all__ = ["CAST_HINT", "Inputs", "as_inputs", "call", "cast", "for_program", "modules_of",
+           "output_tensors", "param_dtype", "tensors"]
+
+CAST_HINT = "cast_inputs=True"  # the keyword every diagnosis takes for it
 
 
 class Inputs(tuple):
@@ -69,9 +78,72 @@ def as_inputs(batch, name: str = "batch") -> Inputs:
                      f"keyword inputs (model(**{name})); got {name}={type(batch).__name__}")
 
 
-def call(fn: Callable, inputs: Inputs):
-    """fn run on inputs: fn(*args, **kwargs)."""
-    return fn(*inputs.args, **inputs.kwargs)
+def modules_of(fn) -> list:
+    """The Modules whose parameters fn runs with: fn itself when it is a Module; for a function or
+    method, the Module it is bound to and the Modules it closes over or names as globals."""
+    if isinstance(fn, torch.nn.Module):
+        return [fn]
+    found = []
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, torch.nn.Module):
+        found.append(owner)
+    code = getattr(fn, "__code__", None)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(v, torch.nn.Module) and all(v is not m for m in found):
+            found.append(v)
+    glob = getattr(fn, "__globals__", {})
+    for name in (code.co_names if code is not None else ()):
+        v = glob.get(name)
+        if isinstance(v, torch.nn.Module) and all(v is not m for m in found):
+            found.append(v)
+    return found
+
+
+def param_dtype(fn) -> torch.dtype | None:
+    """The dtype of the first floating parameter (else buffer) of fn's first Module
+    (`modules_of`), or None when fn runs with none."""
+    for m in modules_of(fn):
+        for t in (*m.parameters(), *m.buffers()):
+            if t.is_floating_point():
+                return t.dtype
+    return None
+
+
+def for_program(fn, inputs: Inputs, cast_inputs: bool) -> Inputs:
+    """inputs as fn gets them: with cast_inputs, the floating tensors cast to fn's parameter
+    dtype (`param_dtype`; a program without floating parameters takes them as they are)."""
+    if not isinstance(cast_inputs, bool):
+        raise ValueError(f"cast_inputs must be True or False; got cast_inputs={cast_inputs!r}")
+    dtype = param_dtype(fn) if cast_inputs else None
+    return inputs if dtype is None else cast(inputs, dtype)
+
+
+def _names(dtypes) -> str:
+    return ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+
+
+def call(fn: Callable, inputs: Inputs, name: str = "the program"):
+    """fn run on inputs: fn(*args, **kwargs). A RuntimeError or TypeError raised while the
+    batch's floating tensors differ in dtype from fn's floating parameters is re-raised as a
+    ValueError that names both dtypes and shows cast_inputs=True and the wrapper to write."""
+    try:
+        return fn(*inputs.args, **inputs.kwargs)
+    except (RuntimeError, TypeError) as err:
+        given = {x.dtype for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()}
+        params = {t.dtype for m in modules_of(fn) for t in m.parameters() if t.is_floating_point()}
+        if not given or not params or given <= params:
+            raise
+        to = str(param_dtype(fn)).removeprefix("torch.")
+        raise ValueError(
+            f"{name} has {_names(params)} parameters but the batch holds {_names(given)} "
+            f"tensors, and it failed on them ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); pass {CAST_HINT} to cast the "
+            f"batch's floating tensors to {to} (integer ids and masks are never cast), or wrap "
+            f"the model: lambda x: model(x.to(torch.{to}))") from err
 
 
 def cast(inputs: Inputs, dtype: torch.dtype) -> Inputs:

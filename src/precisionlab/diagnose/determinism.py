@@ -18,7 +18,7 @@ import torch
 
 from ..checks import check_count
 from ..tables import Table
-from .batch import as_inputs, call
+from .batch import as_inputs, call, for_program
 from .report import Report, check_scalar_loss, fmt_share, new_axes, rows_fit, short
 
 __all__ = ["DeterminismReport", "determinism", "ulp_distance"]
@@ -252,7 +252,7 @@ def _flatten(out, name="output") -> list[tuple[str, torch.Tensor]]:
 
 def _run(fn, inputs, loss_fn, params):
     with torch.enable_grad() if loss_fn is not None else torch.no_grad():
-        out = call(fn, inputs)
+        out = call(fn, inputs, "fn")
         named = [(n, t.detach().clone()) for n, t in _flatten(out)]
         if not named:
             raise ValueError(f"fn must return a tensor or a tuple/list/dict of tensors; got "
@@ -266,7 +266,8 @@ def _run(fn, inputs, loss_fn, params):
 
 
 def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: bool = True,
-                repeats: int = 1, loss_fn: Callable | None = None) -> DeterminismReport:
+                repeats: int = 1, loss_fn: Callable | None = None,
+                cast_inputs: bool = False) -> DeterminismReport:
     """Run fn(*inputs) with each thread count (then, if deterministic, with
     torch.use_deterministic_algorithms and cuDNN's deterministic flags; repeats: extra runs of
     the first setting) and count, per output and gradient entry, |ord(x) - ord(x_baseline)| > 0.
@@ -294,6 +295,9 @@ def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: b
     loss_fn : callable or None, default None
         loss_fn(output) -> a scalar loss; compares the gradients of fn's parameters too
         (fn must then be a Module with trainable parameters).
+    cast_inputs : bool, default False
+        Cast the inputs' floating tensors to the parameter dtype of fn's Module (a bfloat16
+        image model given float32 images); integer ids and masks are never cast.
 
     Returns
     -------
@@ -334,7 +338,7 @@ def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: b
     """
     if not callable(fn):
         raise ValueError(f"fn must be callable (a Module or a function); got {type(fn).__name__}")
-    ins = as_inputs(inputs, "inputs")
+    ins = for_program(fn, as_inputs(inputs, "inputs"), cast_inputs)
     ts = tuple(threads)
     if not ts or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in ts):
         raise ValueError(f"threads must be a non-empty list of positive integers; got {threads!r}")

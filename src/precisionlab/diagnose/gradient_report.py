@@ -187,6 +187,9 @@ class GradientReport(Report):
         overflowing, or None where no scale does both.
     recipes : tuple of Recipe
         The scaling recipes each tensor was quantized under (empty without recipe=).
+    copied_from : str
+        The model's float16/bfloat16 parameter dtypes when its backward ran on a float32
+        copy ("bfloat16"), else "".
 
     Examples
     --------
@@ -229,6 +232,7 @@ class GradientReport(Report):
     scale_range: dict  # fmt -> (lowest exponent, highest exponent) or None
     title: str = "gradients in reduced precision"
     recipes: tuple = ()  # the quantize.Recipe objects each tensor was quantized under
+    copied_from: str = ""  # the model's low dtypes when the backward ran on a float32 copy
 
     # ------------------------------------------------------------------ totals
     def _of(self, kind):
@@ -320,11 +324,14 @@ class GradientReport(Report):
         Returns
         -------
         str
-            One line on the loss and scale, one per format, one on swallowed updates (with
-            lr) and one per recipe.
+            One line on the loss and scale (and one when the backward ran on a float32 copy
+            of a float16/bfloat16 model), one per format, one on swallowed updates (with lr)
+            and one per recipe.
         """
         lines = [f"loss {self.loss:.4g}; counts at loss scale {pow2_label(int(math.log2(self.scale)))}"
                  f" over {self.total('numel', '')} parameter-gradient entries"]
+        if self.copied_from:
+            lines.append(f"(the backward ran on a float32 copy of the {self.copied_from} model)")
         for f in self.formats:
             r = self.scale_range[f]
             rng = "none lifts the tail without overflow" if r is None else \

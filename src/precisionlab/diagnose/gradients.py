@@ -21,6 +21,8 @@ constants per tensor: no loop over entries.
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -30,7 +32,7 @@ import torch
 from ..checks import check_choice
 from ..formats import FloatFormat, get_format
 from ..updates import swallowed as update_swallowed
-from .batch import as_inputs, call
+from .batch import as_inputs, call, for_program
 from .gradient_report import (
     EXP_BINS,
     EXP_OFFSET,
@@ -49,8 +51,9 @@ _OPTIMIZERS = ("sgd", "adam")
 _ADAM_EPS = 1e-8  # torch.optim.Adam's default eps
 
 
-def _count(g: torch.Tensor, scale: float, formats: Sequence[FloatFormat]):
-    """(nonzero, nonfinite, max, min nonzero, flushed, subnormal, overflow, exponent counts) of scale*g."""
+def count_torch(g: torch.Tensor, scale: float, formats: Sequence[FloatFormat]):
+    """(nonzero, nonfinite, max, min nonzero, flushed, subnormal, overflow, exponent counts,
+    near-top counts) of scale*g, in float64 torch operations (any dtype and device)."""
     a = g.detach().abs().to(torch.float64).reshape(-1) * scale  # exact: scale is a power of two
     finite = torch.isfinite(a)
     nz = a != 0
@@ -77,9 +80,158 @@ def _count(g: torch.Tensor, scale: float, formats: Sequence[FloatFormat]):
     return nonzero, nonfinite, mx, mn, flushed, subnormal, overflow, hist, near_top
 
 
-def _stats(name, kind, g, scale, formats, w=None, lr=None, optimizer="sgd",
+_INF_BITS = 0x7F800000  # float32 +inf; finite |x| have smaller bit patterns, NaN larger
+_BATCH = 1 << 16  # float32 tensors smaller than this are counted together, in one call
+
+
+def _count_loop(bits, offs, zb, sb, ob, ft, counts, ext, hist, near):
+    """One pass over float32 bit patterns (int32), tensor t = bits[offs[t]:offs[t+1]]: counts[t]
+    = nonzero, nonfinite, then per format flushed (|x| bits <= zb), subnormal (<= sb),
+    overflow (>= ob, inf included, NaN not); ext[t] = the largest finite and the smallest
+    nonzero finite |x| bits; hist[t] the frexp exponents E + offset of the finite nonzero |x|,
+    near[t, k] those whose frexp mantissa field (normalized, 23 bits) is >= ft[k]."""
+    nf = zb.size
+    quiet_f = ft.min()
+    c = np.zeros(3 * nf, dtype=np.int64)  # <= zb, <= sb, >= ob among the finite nonzero
+    for t in range(offs.size - 1):
+        mx, mn = -1, _INF_BITS
+        c[:] = 0
+        zeros = nonfinite = 0
+        h = hist[t]
+        for i in range(offs[t], offs[t + 1]):
+            a = bits[i] & 0x7FFFFFFF
+            if a == 0:
+                zeros += 1
+                continue
+            if a >= _INF_BITS:
+                nonfinite += 1
+                if a == _INF_BITS:
+                    for k in range(nf):
+                        counts[t, 2 + 2 * nf + k] += 1
+                continue
+            if a > mx:
+                mx = a
+            if a < mn:
+                mn = a
+            f = a & 0x7FFFFF
+            if a >= 0x800000:
+                j = (a >> 23) - 126 + EXP_OFFSET
+            else:  # a subnormal: f = 2^(L-1) + ..., frexp exponent L - 149
+                n = 0
+                while (f >> n) != 0:
+                    n += 1
+                j = n - 149 + EXP_OFFSET
+                f = (f << (24 - n)) & 0x7FFFFF
+            h[j] += 1
+            for k in range(nf):  # branch-free: a gradient's entries straddle the thresholds
+                c[k] += a <= zb[k]
+                c[nf + k] += a <= sb[k]
+                c[2 * nf + k] += a >= ob[k]
+            if f >= quiet_f:  # rare: mantissas within a few ulps of 2
+                for k in range(nf):
+                    if f >= ft[k]:
+                        near[t, k, j] += 1
+        n_all = offs[t + 1] - offs[t]
+        counts[t, 0], counts[t, 1] = n_all - zeros, nonfinite
+        for k in range(nf):
+            counts[t, 2 + k] += c[k]
+            counts[t, 2 + nf + k] += c[nf + k] - c[k]
+            counts[t, 2 + 2 * nf + k] += c[2 * nf + k]
+        if zeros and mx < 0:
+            mx = 0
+        ext[t, 0], ext[t, 1] = mx, mn
+
+
+@functools.cache
+def _count_kernel():
+    """_count_loop compiled by numba (or loaded from its on-disk cache) on first use."""
+    import numba  # imported only when a CPU float32 gradient is counted
+
+    return numba.njit(cache=True)(_count_loop)
+
+
+def _f32(x: float, toward: float) -> np.float32:
+    """The float32 nearest x in the direction of toward that does not pass x: x rounded down
+    (toward=0) or up (toward=inf) to float32, exactly."""
+    with np.errstate(over="ignore"):
+        f = np.float32(x)
+    if (toward < x and float(f) > x) or (toward > x and float(f) < x):
+        f = np.nextafter(f, np.float32(toward))
+    return f
+
+
+def _bits(f: np.float32) -> int:
+    return int(np.asarray(f, dtype=np.float32).view(np.int32))
+
+
+def _thresholds(scale: float, formats: Sequence[FloatFormat]):
+    """Per format the int32 patterns of float32 |g| with |g| scale <= q/2 (zb), < n - q/2 (sb),
+    >= M + ulp(M)/2 (ob), and the least 23-bit field of a frexp mantissa >= that of the
+    overflow threshold (ft): comparisons of float32 values with float64 constants, exactly."""
+    zb, sb, ob, ft = [], [], [], []
+    for f in formats:
+        z, s, o = (c / scale for c in cast_thresholds(f))  # exact: scale is a power of two
+        zb.append(_bits(_f32(z, 0.0)))
+        lo = _f32(s, 0.0)  # the largest float32 below s
+        sb.append(_bits(np.nextafter(lo, np.float32(0)) if float(lo) == s else lo))
+        ob.append(_bits(_f32(o, math.inf)))
+        m_t = math.frexp(cast_thresholds(f)[2])[0]
+        ft.append(math.ceil((2 * m_t - 1) * 2.0**23))
+    return [np.array(v, dtype=np.int64) for v in (zb, sb, ob, ft)]
+
+
+def count_compiled(gs: Sequence[torch.Tensor], scale: float, formats: Sequence[FloatFormat]):
+    """`count_torch`'s tuple for each float32 CPU tensor of gs, from one compiled pass over
+    their bit patterns (the small ones concatenated into one call): the same counts."""
+    zb, sb, ob, ft = _thresholds(scale, formats)
+    nf = len(formats)
+    kernel = _count_kernel()
+    flat = [g.detach().reshape(-1) for g in gs]
+    groups = [[i] for i, g in enumerate(flat) if g.numel() >= _BATCH]
+    small = [i for i, g in enumerate(flat) if g.numel() < _BATCH]
+    if small:
+        groups.append(small)
+    out = [None] * len(gs)
+    for grp in groups:
+        x = flat[grp[0]] if len(grp) == 1 else torch.cat([flat[i] for i in grp])
+        bits = x.contiguous().view(torch.int32).numpy()
+        offs = np.zeros(len(grp) + 1, dtype=np.int64)
+        offs[1:] = np.cumsum([flat[i].numel() for i in grp])
+        counts = np.zeros((len(grp), 2 + 3 * nf), dtype=np.int64)
+        ext = np.zeros((len(grp), 2), dtype=np.int64)
+        hist = np.zeros((len(grp), EXP_BINS), dtype=np.int64)
+        near = np.zeros((len(grp), nf, EXP_BINS), dtype=np.int64)
+        kernel(bits, offs, zb, sb, ob, ft, counts, ext, hist, near)
+        for r, i in enumerate(grp):
+            c = counts[r]
+            mx, mn = (math.inf if b in (-1, _INF_BITS) else
+                      float(np.array(b, dtype=np.int32).view(np.float32)) for b in ext[r])
+            names = [f.name for f in formats]
+            out[i] = (int(c[0]), int(c[1]), mx, mn,
+                      {n: int(c[2 + k]) for k, n in enumerate(names)},
+                      {n: int(c[2 + nf + k]) for k, n in enumerate(names)},
+                      {n: int(c[2 + 2 * nf + k]) for k, n in enumerate(names)},
+                      hist[r].copy(), {n: near[r, k].copy() for k, n in enumerate(names)})
+    return out
+
+
+def _count_all(gs: Sequence[torch.Tensor], scale: float, formats: Sequence[FloatFormat]):
+    """The counts of each tensor: compiled for float32 tensors on the CPU, else `count_torch`."""
+    fast = [i for i, g in enumerate(gs) if g.dtype == torch.float32 and g.device.type == "cpu"]
+    out = [None] * len(gs)
+    for i, c in zip(fast, count_compiled([gs[i] for i in fast], scale, formats) if fast else [],
+                    strict=True):
+        out[i] = c
+    for i, g in enumerate(gs):
+        if out[i] is None:
+            out[i] = count_torch(g, scale, formats)
+    return out
+
+
+def _stats(name, kind, g, counts, w=None, lr=None, optimizer="sgd",
            recipes=()) -> TensorGradients:
-    nonzero, nonfinite, mx, mn, fl, sub, ov, hist, top = _count(g, scale, formats)
+    """One tensor's TensorGradients from its counts (`count_torch`'s tuple)."""
+    nonzero, nonfinite, mx, mn, fl, sub, ov, hist, top = counts
     swallowed = updated = 0
     if w is not None and lr is not None:
         gd = g.detach().to(torch.float64).reshape(-1).cpu()
@@ -90,15 +242,20 @@ def _stats(name, kind, g, scale, formats, w=None, lr=None, optimizer="sgd",
         wb = w.detach().to(torch.bfloat16).to(torch.float64).reshape(-1).cpu()[keep]
         updated = int(keep.sum())
         if updated:
-            swallowed = int(np.count_nonzero(update_swallowed(wb.numpy(), step[keep].numpy(), "bfloat16")))
+            swallowed = int(np.count_nonzero(update_swallowed(wb.numpy(), step[keep].numpy(),
+                                                              "bfloat16")))
     return TensorGradients(name, kind, tuple(g.shape), g.numel(), nonzero, nonfinite, mx, mn,
                            fl, sub, ov, hist, swallowed, updated,
                            recipe_shares(g, recipes) if recipes else {}, top)
 
 
+_LOW = (torch.float16, torch.bfloat16)  # parameter dtypes the backward does not run in
+
+
 def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float16", "bfloat16"),
               scale: float = 1.0, lr: float | None = None, optimizer: str = "sgd",
-              tail: float = 1e-3, activations: bool = False, recipe=None) -> GradientReport:
+              tail: float = 1e-3, activations: bool = False, recipe=None,
+              cast_inputs: bool = False) -> GradientReport:
     """Gradient counts of loss_fn(model(*batch)) after one float32 backward: per tensor and format,
     entries with |scale g| <= q/2 (flushed), < n - q/2 (subnormal), >= M + ulp(M)/2 (overflow).
 
@@ -119,8 +276,11 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
     Parameters
     ----------
     model : torch.nn.Module
-        The model, with at least one parameter that requires grad. It runs once, in float32
-        as it is (its dtype and mode are not changed).
+        The model, with at least one parameter that requires grad. It runs once as it is
+        (its dtype and mode are not changed) when its floating parameters are float32 or
+        wider; a model with float16 or bfloat16 parameters runs as a float32 copy (its
+        float16/bfloat16 inputs cast up, exactly), so that the counts are those of float32
+        gradients, which is what the shares predict a cast from; the summary says so.
     loss_fn : callable
         loss_fn(model(*batch)) -> a scalar floating-point tensor that depends on the
         parameters.
@@ -146,6 +306,9 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
         A scaling recipe ("fp8_tensor", "mxfp8", "nvfp4", ... from `quantize.RECIPES`, or a
         `quantize.Recipe`) or a sequence of them with distinct names: also quantize each
         gradient tensor under it.
+    cast_inputs : bool, default False
+        Cast the batch's floating tensors (images, inputs_embeds) to the model's parameter
+        dtype first, as the model would be fed them (integer ids and masks are never cast).
 
     Returns
     -------
@@ -214,10 +377,19 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
     if not (isinstance(tail, (int, float)) and 0 <= tail < 1):
         raise ValueError(f"tail must be a share in [0, 1); got tail={tail!r}")
     recipes = as_recipes(recipe)
+    inputs = for_program(model, inputs, cast_inputs)
 
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not params:
         raise ValueError("model has no parameters with requires_grad=True")
+    low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
+                  if p.dtype in _LOW})
+    run = model
+    if low:  # a float32 copy: the gradients whose casts the report predicts
+        run = copy.deepcopy(model).float()
+        inputs = inputs.map(lambda x: x.float() if isinstance(x, torch.Tensor)
+                            and x.dtype in _LOW else x)
+    run_params = dict(run.named_parameters())
     saved = {n: p.grad for n, p in params}
     act_stats: list[TensorGradients] = []
     hooks = []
@@ -225,32 +397,35 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
         def make_hook(mod_name):
             def fwd(_mod, _inp, out):
                 if isinstance(out, torch.Tensor) and out.requires_grad and out.is_floating_point():
-                    out.register_hook(lambda g: act_stats.append(
-                        _stats(mod_name, "activation", g, s, fmts, recipes=recipes)) or None)
+                    out.register_hook(lambda g: act_stats.append(_stats(
+                        mod_name, "activation", g, _count_all([g], s, fmts)[0],
+                        recipes=recipes)) or None)
             return fwd
 
-        for mod_name, mod in model.named_modules():
+        for mod_name, mod in run.named_modules():
             if mod_name and not any(True for _ in mod.children()):
                 hooks.append(mod.register_forward_hook(make_hook(mod_name)))
     try:
         for _, p in params:
             p.grad = None
         with torch.enable_grad():
-            out = call(model, inputs)
+            out = call(run, inputs, "model")
             loss = check_scalar_loss(loss_fn(out))
-            grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+            grads = torch.autograd.grad(loss, [run_params[n] for n, _ in params],
+                                        allow_unused=True)
     finally:
         for h in hooks:
             h.remove()
         for n, p in params:
             p.grad = saved[n]
-    stats = []
-    for (n, p), g in zip(params, grads, strict=True):
-        g = torch.zeros_like(p) if g is None else g
-        stats.append(_stats(n, "parameter", g, s, fmts, p, lr, optimizer, recipes))
-        del g
+    grads = [torch.zeros_like(run_params[n]) if g is None else g
+             for (n, _), g in zip(params, grads, strict=True)]
+    counts = _count_all(grads, s, fmts)
+    stats = [_stats(n, "parameter", g, c, p, lr, optimizer, recipes)
+             for (n, p), g, c in zip(params, grads, counts, strict=True)]
+    del grads
     act_stats.reverse()  # hooks fire from the output back: put them in forward order
     ranges = {f.name: loss_scale_range(stats, f, tail, act_stats) for f in fmts}
     return GradientReport(tuple(stats + act_stats), tuple(f.name for f in fmts), s, float(loss.detach()),
                           float(tail), None if lr is None else float(lr), optimizer, ranges,
-                          recipes=recipes)
+                          recipes=recipes, copied_from=", ".join(low))

@@ -5,7 +5,9 @@ A setting is a name: "float32" or "float64" (the model as it is, or cast up), "b
 "float16" (a copy of the model with every weight and floating input cast, as an inference
 engine stores them), "autocast_bfloat16" or "autocast_float16" (float32 weights under
 torch.autocast, as a mixed-precision trainer runs them); or a callable inputs -> logits. The
-log-softmax is taken in float32 from each setting's logits; beta in float64.
+log-softmax is taken in float32 from each setting's logits; beta in float64. A dict batch's
+attention_mask, when shaped like the scored positions, marks the padded ones: they are left
+out of every statistic (NaN in the arrays) and the summary says how many.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -22,7 +24,7 @@ from ..checks import check_positive_int
 from ..formats import get_format
 from ..plotting import plot_beta_vs_logprob
 from ..tables import Table
-from .batch import as_inputs, call, cast, output_tensors
+from .batch import as_inputs, call, cast, for_program, output_tensors
 from .report import Report, check_module, fmt_share, new_axes
 
 __all__ = ["SETTINGS", "MismatchReport", "logprobs", "mismatch"]
@@ -47,10 +49,12 @@ def _logits_of(out, name: str) -> torch.Tensor:
     return out
 
 
-def _runner(model, setting) -> Callable:
-    """A function inputs -> logits that runs model under setting."""
+def _runner(model, setting, cast_inputs: bool = False) -> Callable:
+    """A function inputs -> logits that runs model under setting (cast_inputs: the autocast
+    settings get the batch's floating tensors in the model's parameter dtype)."""
     if callable(setting) and not isinstance(setting, str):
-        return lambda inputs: _logits_of(call(setting, inputs), "the setting callable")
+        return lambda inputs: _logits_of(call(setting, inputs, "the setting callable"),
+                                         "the setting callable")
     if setting not in SETTINGS:
         raise ValueError(f"unknown precision setting {setting!r}; valid choices: "
                          f"{', '.join(SETTINGS)}, or a callable inputs -> logits")
@@ -60,7 +64,8 @@ def _runner(model, setting) -> Callable:
 
         def run(inputs):
             with torch.autocast(dev, dtype=dtype):
-                return _logits_of(call(model, inputs), "model")
+                return _logits_of(call(model, for_program(model, inputs, cast_inputs), "model"),
+                                  "model")
         return run
     dtype = get_format(setting).torch_dtype
     if all(p.dtype == dtype for p in model.parameters()):
@@ -69,7 +74,7 @@ def _runner(model, setting) -> Callable:
         m = copy.deepcopy(model).to(dtype)
 
     def run(inputs):
-        return _logits_of(call(m, cast(inputs, dtype)), "model")
+        return _logits_of(call(m, cast(inputs, dtype), "model"), "model")
     return run
 
 
@@ -115,7 +120,8 @@ class MismatchReport(Report):
     eps : float
         PPO's clip range.
     logp_reference : numpy.ndarray
-        log p of each target token under the reference (float64, the targets' shape).
+        log p of each target token under the reference (float64, the targets' shape; NaN
+        at the positions `counted` leaves out).
     logp_other : numpy.ndarray
         log p under the other setting.
     beta : numpy.ndarray
@@ -124,6 +130,9 @@ class MismatchReport(Report):
         The token ids scored.
     top : int
         How many tokens the table lists.
+    counted : numpy.ndarray or None
+        True at the positions the statistics count, False at the padded ones (from the
+        batch's attention_mask); None counts every position.
     """
 
     reference: str
@@ -135,6 +144,21 @@ class MismatchReport(Report):
     targets: np.ndarray
     top: int = 5
     title: str = "per-token precision mismatch"
+    counted: np.ndarray | None = field(default=None, repr=False)  # False: a padded position
+
+    @property
+    def padded(self) -> int:
+        """How many positions the attention mask left out."""
+        return 0 if self.counted is None else int(self.counted.size - self.counted.sum())
+
+    @property
+    def tokens(self) -> int:
+        """How many positions the statistics count."""
+        return self.beta.size - self.padded
+
+    def _counted(self, a: np.ndarray) -> np.ndarray:
+        """a's entries at the counted positions, flat."""
+        return a.ravel() if self.counted is None else a[self.counted]
 
     @property
     def ratio(self) -> np.ndarray:
@@ -145,28 +169,32 @@ class MismatchReport(Report):
     def outside(self) -> np.ndarray:
         """True where exp(beta) lies outside [1 - eps, 1 + eps]."""
         r = self.ratio
-        return (r < 1 - self.eps) | (r > 1 + self.eps)
+        out = (r < 1 - self.eps) | (r > 1 + self.eps)
+        return out if self.counted is None else out & self.counted
 
     @property
     def share_outside(self) -> float:
-        """Share of tokens whose precision ratio alone leaves 1 +- eps."""
-        return float(self.outside.mean()) if self.beta.size else 0.0
+        """Share of the counted tokens whose precision ratio alone leaves 1 +- eps."""
+        return float(self.outside.sum()) / self.tokens if self.tokens else 0.0
 
     @property
     def mean(self) -> float:
-        """Mean beta (math.fsum)."""
-        return math.fsum(self.beta.ravel()) / self.beta.size
+        """Mean beta over the counted tokens (math.fsum; NaN when none is counted)."""
+        b = self._counted(self.beta)
+        return math.fsum(b) / b.size if b.size else math.nan
 
     @property
     def std(self) -> float:
-        """Standard deviation of beta (population)."""
+        """Standard deviation of beta over the counted tokens (population)."""
+        b = self._counted(self.beta)
         m = self.mean
-        return math.sqrt(math.fsum((self.beta.ravel() - m) ** 2) / self.beta.size)
+        return math.sqrt(math.fsum((b - m) ** 2) / b.size) if b.size else math.nan
 
     @property
     def max_abs(self) -> float:
-        """Largest |beta|."""
-        return float(np.max(np.abs(self.beta)))
+        """Largest |beta| over the counted tokens (0.0 when none is counted)."""
+        b = self._counted(self.beta)
+        return float(np.max(np.abs(b))) if b.size else 0.0
 
     def worst(self, k: int | None = None) -> list[tuple]:
         """The k positions with the largest |beta|: (index tuple, target token, logp_reference, beta).
@@ -180,10 +208,13 @@ class MismatchReport(Report):
         -------
         list of tuple
             (index into the targets, target token id, log p under the reference, beta), the
-            largest |beta| first (ties in position order).
+            largest |beta| first (ties in position order); padded positions never.
         """
         k = self.top if k is None else k
-        flat = np.argsort(-np.abs(self.beta).ravel(), kind="stable")[:k]
+        key = -np.abs(self.beta).ravel()
+        if self.counted is not None:
+            key = np.where(self.counted.ravel(), key, np.inf)
+        flat = np.argsort(key, kind="stable")[:min(k, self.tokens)]
         out = []
         for f in flat:
             idx = np.unravel_index(f, self.beta.shape)
@@ -197,11 +228,13 @@ class MismatchReport(Report):
         Returns
         -------
         str
-            Three lines: the settings and the token count; mean, std and max |beta|; the
-            share of tokens whose exp(beta) leaves 1 +- eps.
+            Three lines: the settings and the token count (and the padded positions left
+            out); mean, std and max |beta|; the share of tokens whose exp(beta) leaves
+            1 +- eps.
         """
-        return (f"beta = log p[{self.reference}] - log p[{self.other}], {self.beta.size} "
-                f"tokens\nmean {self.mean:.2e}, std {self.std:.2e}, max |beta| "
+        pad = f" ({self.padded} padded positions excluded)" if self.padded else ""
+        return (f"beta = log p[{self.reference}] - log p[{self.other}], {self.tokens} "
+                f"tokens{pad}\nmean {self.mean:.2e}, std {self.std:.2e}, max |beta| "
                 f"{self.max_abs:.3g}\nexp(beta) outside 1 +- {self.eps:g}: "
                 f"{fmt_share(self.share_outside)} of tokens")
 
@@ -231,7 +264,8 @@ class MismatchReport(Report):
             The Axes drawn on.
         """
         ax = new_axes(ax)
-        plot_beta_vs_logprob(self.logp_reference.ravel(), self.beta.ravel(), ax=ax)
+        plot_beta_vs_logprob(self._counted(self.logp_reference), self._counted(self.beta),
+                             ax=ax)
         ax.set_ylabel(f"|beta| = |log p {self.reference} - log p {self.other}|")
         return ax
 
@@ -258,8 +292,24 @@ def _targets(inputs, logits, targets):
     return logits, targets
 
 
+def _counted(inputs, shape: tuple, next_token: bool) -> np.ndarray | None:
+    """True at the positions scored on real tokens, from a dict batch's attention_mask (0 at a
+    padded token): next_token scores token t + 1 at position t, which counts when both tokens
+    are real. None without a mask, or with one not shaped like the tokens (a classifier's
+    per-sequence logits, a 4-d mask)."""
+    mask = inputs.kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor):
+        return None
+    real = (mask != 0).cpu().numpy()
+    if next_token:
+        if real.shape[:-1] != shape[:-1] or real.shape[-1] != shape[-1] + 1:
+            return None
+        return real[..., :-1] & real[..., 1:]
+    return real if real.shape == shape else None
+
+
 def mismatch(model, batch, targets=None, reference="float32", other="bfloat16",
-             eps: float = 0.2, top: int = 5) -> MismatchReport:
+             eps: float = 0.2, top: int = 5, cast_inputs: bool = False) -> MismatchReport:
     """beta_t = log p_reference(y_t) - log p_other(y_t) per token, from one forward per setting.
 
     model returns logits (..., vocabulary); batch is a tensor or tuple of inputs; targets the
@@ -275,7 +325,9 @@ def mismatch(model, batch, targets=None, reference="float32", other="bfloat16",
         The model's input: a tensor, a non-empty tuple or list of positional inputs, or a
         dict of keyword inputs (a tokenizer's input_ids and attention_mask), passed as
         model(**batch); integer tensors are never cast. With targets=None a dict's
-        input_ids (else the first input) give the targets.
+        input_ids (else the first input) give the targets. A dict's attention_mask shaped
+        like the tokens marks padded positions (0): they are excluded from beta's statistics
+        (NaN in the report's arrays) and the summary says how many.
     targets : torch.Tensor or None, default None
         Integer token ids of the logits' shape without the last axis, each in
         0 .. vocabulary - 1. None scores the next token of batch's first input (integer
@@ -290,6 +342,10 @@ def mismatch(model, batch, targets=None, reference="float32", other="bfloat16",
         outside [1 - eps, 1 + eps].
     top : int, default 5
         How many of the most affected tokens `MismatchReport.table` lists (>= 1).
+    cast_inputs : bool, default False
+        Cast the batch's floating tensors (inputs_embeds, images) to the model's parameter
+        dtype for the settings that run the model as it is ("autocast_*"); the cast settings
+        always cast them to their own dtype.
 
     Returns
     -------
@@ -329,11 +385,13 @@ def mismatch(model, batch, targets=None, reference="float32", other="bfloat16",
     if not (isinstance(eps, (int, float)) and 0 < eps < 1):
         raise ValueError(f"eps must be a number in (0, 1); got eps={eps!r}")
     check_positive_int(top, "top")
+    for_program(model, inputs, cast_inputs)  # checks cast_inputs
     modes = [(m, m.training) for m in model.modules()]  # each submodule's own mode
     model.eval()
     try:
         with torch.no_grad():
-            lr_, lo_ = _runner(model, reference)(inputs), _runner(model, other)(inputs)
+            lr_ = _runner(model, reference, cast_inputs)(inputs)
+            lo_ = _runner(model, other, cast_inputs)(inputs)
     finally:
         for m, was_training in modes:
             m.training = was_training
@@ -344,6 +402,9 @@ def mismatch(model, batch, targets=None, reference="float32", other="bfloat16",
     b, _ = _targets(inputs, lo_, targets)
     pa = logprobs(a, t).to(torch.float64).cpu().numpy()
     pb = logprobs(b, t).to(torch.float64).cpu().numpy()
+    counted = _counted(inputs, tuple(t.shape), targets is None)
+    if counted is not None:
+        pa[~counted] = pb[~counted] = np.nan
     name = lambda s: s if isinstance(s, str) else getattr(s, "__name__", "custom")  # noqa: E731
     return MismatchReport(name(reference), name(other), float(eps), pa, pb, pa - pb,
-                          t.cpu().numpy(), top)
+                          t.cpu().numpy(), top, counted=counted)

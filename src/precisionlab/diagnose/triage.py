@@ -55,7 +55,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import intervals as iv
 from ..intervals import torch_ops as bd
-from .batch import as_inputs, call, output_tensors, tensors
+from .batch import as_inputs, call, for_program, output_tensors, tensors
 from .opcheck import OpCheck, check_hull, check_values, union
 from .pairing import (
     coarser,
@@ -351,7 +351,7 @@ def trace(fn, inputs, name: str = "the program", eager: bool = False,
                  torch.nn.modules.module.register_module_forward_hook(post)]
     try:
         with torch.no_grad(), _Recorder(tr):
-            out = call(fn, ins)
+            out = call(fn, ins, name)
     finally:
         for h in hooks:
             h.remove()
@@ -430,7 +430,7 @@ def _kernel_mm(rec, get, kernel: iv.Kernel, fmt: str) -> list:
 
 
 def triage(reference, target, inputs, kernels: Mapping | None = None,
-           output: str | None = None) -> TriageReport:
+           output: str | None = None, cast_inputs: bool = False) -> TriageReport:
     """Type-I if every paired reference value lies in the target's bound (each operation bounded
     from the hull of both programs' values at paired inputs, the union over both output
     formats), else Type-II, blaming the first operation whose bound misses (see the module
@@ -464,6 +464,10 @@ def triage(reference, target, inputs, kernels: Mapping | None = None,
         The field compared when the programs return a dict or a ModelOutput: None takes
         "logits" when present, else every tensor in it; a name not among the fields raises
         ValueError listing them. Tensor and tuple outputs take output=None.
+    cast_inputs : bool, default False
+        Give each program the inputs' floating tensors cast to its own parameter dtype
+        (`batch.param_dtype`): triage(model, model_bf16, images, cast_inputs=True). Without
+        it a bfloat16 target that fails on float32 inputs raises a ValueError saying so.
 
     Returns
     -------
@@ -522,8 +526,8 @@ def triage(reference, target, inputs, kernels: Mapping | None = None,
     ins = as_inputs(inputs, "inputs")
     if output is not None and not isinstance(output, str):
         raise ValueError(f"output must be the name of an output field or None; got {output!r}")
-    rt = trace(reference, ins, "reference", output=output)
-    tt = trace(target, ins, "target", output=output)
+    rt = trace(reference, for_program(reference, ins, cast_inputs), "reference", output=output)
+    tt = trace(target, for_program(target, ins, cast_inputs), "target", output=output)
     if len(rt.outputs) != len(tt.outputs) or any(a.shape != b.shape for a, b in
                                                  zip(rt.outputs, tt.outputs, strict=False)):
         raise ValueError("reference and target return outputs of different shapes: "

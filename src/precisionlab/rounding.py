@@ -454,7 +454,8 @@ def next_up(x, fmt):
 
 
 def next_down(x, fmt):
-    """The largest value of fmt strictly less than x: -next_up(-x).
+    """The largest value of fmt strictly less than x: -next_up(-x), or, in the unsigned
+    float8_e8m0fnu, the value x's float64 predecessor rounds down to (NaN below 2^-127).
 
     Parameters
     ----------
@@ -480,9 +481,18 @@ def next_down(x, fmt):
     (0.99609375, 0.99951171875)
     >>> next_down(-65504.0, "float16")
     -inf
+    >>> next_down(1.0, "float8_e8m0fnu")
+    0.5
     """
     a, restore = _as_float64(x)
-    return restore(-np.asarray(next_up(-a, fmt)))
+    f = get_format(fmt)
+    if f.signed:
+        return restore(-np.asarray(next_up(-a, f)))
+    # no sign: -x is no value. RD of the float64 just below x is the largest value below it
+    # (x > 2^-127); at or below 2^-127 there is none (RD stops at 2^-127: no zero).
+    with np.errstate(invalid="ignore"):
+        below = np.asarray(round_to(np.nextafter(a, -np.inf), f, "down"), dtype=np.float64)
+    return restore(np.where(below < a, below, np.nan))
 
 
 # --------------------------------------------------------------------------- for display

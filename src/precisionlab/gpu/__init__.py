@@ -12,12 +12,14 @@ Submodules, one concept each:
 * `solvers`: a small iterative solver whose matmuls run under a profile;
 * `kernel`: `Kernel`, one description of how a sum or matmul is executed (order, tiles, the
   format of every stage), validated field by field, and `run_sum` / `run_matmul` to run it;
+* `collectives`: all-reduce orders across W ranks (ring, gloo's ring, NCCL's trees);
 * `leaf_depths`: the roundings on each summand's path through a kernel's summation tree.
 """
 
 from ..exact import as_float64
 from .arith import RoundedAdder, round_float64, rounded_add
 from .bias import BinadeSplit, add_errors_by_binade
+from .collectives import COLLECTIVE_ORDERS, REDUCE_FORMATS, allreduce
 from .decisions import boundary_terms, decision_margin, flip_probability
 from .kernel import KERNEL_ORDERS, Kernel, promote, run_matmul, run_sum
 from .leaf_depths import leaf_depths
@@ -35,12 +37,14 @@ from .tensorcore import (
 )
 
 __all__ = [
+    "COLLECTIVE_ORDERS",
     "DETERMINISTIC_ORDERS",
     "KERNEL_ORDERS",
     "OPERAND_FEEDS",
     "ORDERS",
     "PROFILES",
     "PROFILE_NAMES",
+    "REDUCE_FORMATS",
     "TENSOR_CORE_MODELS",
     "BinadeSplit",
     "DeviceProfile",
@@ -49,6 +53,7 @@ __all__ = [
     "SolveResult",
     "TensorCoreModel",
     "add_errors_by_binade",
+    "allreduce",
     "as_float64",
     "atomic_orders",
     "block_fma",

@@ -26,6 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from precisionlab import diagnose
 from precisionlab.diagnose.pairing import leaf_of
 from precisionlab.intervals.torch_ops import arith as B
+from precisionlab.intervals.torch_ops import layers as L
 from precisionlab.intervals.torch_ops import products as P
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -265,6 +266,40 @@ def test_sdpa_rule_follows_torchs_low_precision_math_switch():
                 assert rep.verdict == "Type-I" and not rep.checks[-1].self_outside, (t, r)
     finally:
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(was)
+
+
+def test_grouped_query_sdpa_is_repeated_heads_then_attention():
+    """enable_gqa=True (transformers' sdpa for grouped-query attention) repeats each key and
+    value head h_q / h_kv times (repeat_interleave): its bound holds torch's result in every
+    precision and is about as wide as the repeated program's; a key head repeated the wrong way
+    round (repeat, not repeat_interleave) is caught; heads that do not divide are refused."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 4, 6, 8, generator=g)
+    k, v = (torch.randn(2, 2, 6, 8, generator=g) for _ in range(2))
+
+    def gqa(a, b, c):
+        return F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True)
+
+    def repeated(a, b, c):
+        b, c = (z.repeat_interleave(2, dim=1) for z in (b, c))
+        return F.scaled_dot_product_attention(a, b, c, is_causal=True)
+    for t in DTYPES:
+        for r in (t, torch.float64):
+            rep = diagnose.triage(lambda *a, r=r: gqa(*cast(a, r)),
+                                  lambda *a, t=t: gqa(*cast(a, t)), (q, k, v))
+            assert rep.verdict == "Type-I" and not rep.checks[-1].self_outside, (t, r)
+    one = diagnose.triage(gqa, gqa, (q, k, v)).checks[-1]
+    two = diagnose.triage(repeated, repeated, (q, k, v)).checks[-1]
+    # the leaves k, v are the reals that round to them; the repeated ones are points there
+    assert 0 < two.width <= one.width < 2e-5
+
+    def tiled(a, b, c):
+        b, c = (z.repeat(1, 2, 1, 1) for z in (b, c))
+        return F.scaled_dot_product_attention(a, b, c, is_causal=True)
+    assert diagnose.triage(gqa, tiled, (q, k, v)).verdict == "Type-II"
+    bad = B.mk(np.zeros((2, 3, 6, 8)), np.ones((2, 3, 6, 8)))  # torch refuses it too
+    with pytest.raises(diagnose.UnsupportedOperation, match="h_kv dividing the query heads"):
+        L.repeat_heads(bad, 4)
 
 
 @pytest.mark.parametrize("factor,caught", [(3.0, True), (0.0, False)])

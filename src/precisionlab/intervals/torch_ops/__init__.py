@@ -27,7 +27,12 @@ Files, from the floor up:
 * `rows` - row-wise operations: softmax and log-softmax, layer and RMS norm, sums and means,
   cross entropy.
 * `layers` - whole layers bounded as one operation: conv1d / conv2d, scaled dot-product
-  attention, nn.MultiheadAttention, dropout (refused in training mode).
+  attention (with grouped-query heads), nn.MultiheadAttention, dropout (refused in training
+  mode).
+* `trig` - cos and sin (rotary position embeddings), by monotone pieces.
+* `pooling` - max, average and adaptive pooling in one and two dimensions.
+* `channel_norms` - batch norm (running or batch statistics), group norm, instance norm.
+* `recurrent` - torch.lstm, torch.gru, torch.rnn_tanh / rnn_relu, unrolled step by step.
 * `rules` - the kernel model, elementwise and shape operations, and the table `RULES` that
   `bound` dispatches through (with `EXACT` shape operations and `FILLS`).
 

@@ -214,6 +214,34 @@ def _dropout_error(what: str, when: str = "in training mode",
         f"theirs independently, so their values are not comparable; {fix}")
 
 
+def repeat_heads(x: Interval, heads: int) -> Interval:
+    """Grouped-query attention's keys or values (..., h_kv, S, E) with each head repeated
+    heads / h_kv times in a row along axis -3 (repeat_interleave, as sdpa's enable_gqa=True
+    does): an exact gather of both ends.
+
+    Parameters
+    ----------
+    x : Interval
+        The keys' or values' bound, with at least 3 axes.
+    heads : int
+        The number of query heads, a multiple of x's h_kv.
+
+    Returns
+    -------
+    Interval
+        The bound with `heads` heads on axis -3.
+    """
+    if x.ndim < 3 or heads % x.shape[-3]:
+        raise UnsupportedOperation(
+            "scaled_dot_product_attention with enable_gqa=True needs keys and values of shape "
+            f"(..., h_kv, S, E) with h_kv dividing the query heads; got keys of shape {x.shape} "
+            f"for {heads} query heads")
+    g = heads // x.shape[-3]
+    if g == 1:
+        return x
+    return bare(np.repeat(x.lo, g, axis=-3), np.repeat(x.hi, g, axis=-3))
+
+
 def _r_sdpa(rec, get, fmt):
     q, k, v = (get(rec.args[i]) for i in range(3))
     mask = arg(rec.args, rec.kwargs, 3, "attn_mask")
@@ -223,8 +251,7 @@ def _r_sdpa(rec, get, fmt):
             "pass dropout_p=0 outside training (dropout_p=p if self.training else 0.0) and "
             "call model.eval()")
     if rec.kwargs.get("enable_gqa", False):
-        raise UnsupportedOperation(
-            "triage does not bound scaled_dot_product_attention with enable_gqa=True")
+        k, v = (repeat_heads(z, q.shape[-3] if q.ndim >= 3 else 1) for z in (k, v))
     causal = bool(arg(rec.args, rec.kwargs, 5, "is_causal", False))
     return [attention_bound(q, k, v, mask, get, causal, arg(rec.args, rec.kwargs, 6, "scale"),
                             fmt, rec.args[0].device.type == "cpu")]

@@ -24,8 +24,11 @@ found necessary by tests/test_diagnose_rules.py against torch's own CPU kernels)
   exact products (float64 for float64): |fl(sum) - sum| <= gamma_(k+1) sum |a_i b_i|, and
   operands are first rounded to the output's dtype when it is narrower (autocast); a
   float16/bfloat16 product may be rounded into its dtype before its bias is added;
-* convolutions, scaled dot-product attention and nn.MultiheadAttention are bounded as one
-  operation each (`layers`); dropout in training mode is refused (it is random);
+* convolutions, scaled dot-product attention (grouped-query heads repeated) and
+  nn.MultiheadAttention are bounded as one operation each (`layers`); dropout in training mode
+  is refused (it is random); cos and sin by monotone pieces within 4 ulps and 4 u (1 + |x|)
+  (`trig`); pooling (`pooling`); batch, group and instance norm (`channel_norms`); LSTM, GRU
+  and RNN layers unrolled step by step (`recurrent`);
 * shape operations (view, reshape, transpose, cat, chunk, indexing, ...) are exact: the same
   operation is applied to the lower and the upper bounds;
 * the whole line [-inf, inf] means "no information": the value may be NaN there (0 * inf,
@@ -65,9 +68,13 @@ from .arith import (
     up,
     whole,
 )
+from .channel_norms import NORM_RULES
 from .layers import LAYER_RULES
+from .pooling import POOL_RULES
 from .products import Leaf, mm
+from .recurrent import RECURRENT_RULES
 from .rows import rule_cross_entropy, rule_layer_norm, rule_rms_norm, rule_softmax, rule_sum
+from .trig import TRIG_RULES
 
 __all__ = ["EXACT", "FILLS", "RULES", "UnsupportedOperation", "bound", "leaf", "supported"]
 
@@ -81,6 +88,7 @@ EXACT = frozenset({
     "select", "unbind", "clone", "detach", "movedim", "swapaxes", "roll", "flip", "triu",
     "tril", "index_select", "gather", "take_along_dim", "T", "mT", "data", "masked_fill",
     "masked_fill_", "split_with_sizes", "pad", "__setitem__", "copy_", "fill_", "zero_",
+    "repeat_interleave", "tile", "broadcast_to",
 })
 _CASTS = frozenset({"float", "half", "bfloat16", "double"})  # Tensor.float() etc.: casts
 
@@ -495,7 +503,8 @@ RULES = {
     "sqrt": _r_sqrt, "rsqrt": _r_rsqrt, "pow": _r_pow, "__pow__": _r_pow, "square": None,
     "neg": _r_neg, "__neg__": _r_neg, "negative": _r_neg,
     "sum": rule_sum(False), "mean": rule_sum(True), "amax": _r_amax,
-    "where": _r_where, "cross_entropy": rule_cross_entropy, **LAYER_RULES,
+    "where": _r_where, "cross_entropy": rule_cross_entropy, **LAYER_RULES, **TRIG_RULES,
+    **POOL_RULES, **NORM_RULES, **RECURRENT_RULES,
 }
 for _n in ("add", "sub", "mul", "div"):
     for _v in (_n, f"__{_n}__", f"__r{_n}__", f"__i{_n}__", f"{_n}_"):

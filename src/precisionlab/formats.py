@@ -277,7 +277,31 @@ def short_name(fmt) -> str:
 def contains(wide, narrow) -> bool:
     """Whether every value of format `narrow` is a value of format `wide` (so a cast from narrow
     to wide is exact): float32 contains bfloat16 and float16, which contain neither each other
-    nor float32. Each format contains itself."""
+    nor float32. Each format contains itself.
+
+    Parameters
+    ----------
+    wide, narrow : str or FloatFormat or torch.dtype
+        The two formats, anything `get_format` accepts.
+
+    Returns
+    -------
+    bool
+        True when the cast from narrow to wide never rounds (nor overflows).
+
+    Raises
+    ------
+    ValueError
+        If either names no format.
+
+    Examples
+    --------
+    >>> from precisionlab.formats import contains
+    >>> contains("float32", "bfloat16"), contains("float16", "float8_e4m3fn")
+    (True, True)
+    >>> contains("bfloat16", "float16"), contains("float16", "bfloat16")
+    (False, False)
+    """
     return _contains(get_format(wide).name, get_format(narrow).name)
 
 

@@ -76,12 +76,69 @@ BACKENDS = ("auto", "native", "emulated")
 
 
 def check_mode(mode: str, stochastic: bool = False) -> str:
-    """mode if it is a rounding mode (stochastic only where allowed), else ValueError naming them."""
+    """mode if it is a rounding mode (stochastic only where allowed), else ValueError naming them.
+
+    Parameters
+    ----------
+    mode : str
+        The name to check: one of `DETERMINISTIC_MODES`, or "stochastic" when allowed.
+    stochastic : bool, default False
+        Whether "stochastic" is allowed.
+
+    Returns
+    -------
+    str
+        mode, unchanged.
+
+    Raises
+    ------
+    ValueError
+        If mode is not a (permitted) rounding mode; the message lists the valid ones.
+
+    Examples
+    --------
+    >>> from precisionlab.rounding import check_mode
+    >>> check_mode("up"), check_mode("stochastic", stochastic=True)
+    ('up', 'stochastic')
+    >>> check_mode("stochastic")
+    Traceback (most recent call last):
+        ...
+    ValueError: unknown rounding mode 'stochastic'; valid choices: nearest_even, nearest_away, toward_zero, up, down
+    """
     return check_choice(mode, "rounding mode", MODES if stochastic else DETERMINISTIC_MODES)
 
 
 def seed_generator(seed, name: str = "seed") -> np.random.Generator:
-    """np.random.default_rng(seed) for an integer seed >= 0, else ValueError naming the parameter."""
+    """np.random.default_rng(seed) for an integer seed >= 0, else ValueError naming the parameter.
+
+    Parameters
+    ----------
+    seed : int
+        The seed (a Python or NumPy integer >= 0; bool is refused).
+    name : str, default "seed"
+        The parameter's name, for the error message.
+
+    Returns
+    -------
+    numpy.random.Generator
+        A fresh generator; the same seed gives the same stream.
+
+    Raises
+    ------
+    ValueError
+        If seed is not an integer >= 0.
+
+    Examples
+    --------
+    >>> from precisionlab.rounding import seed_generator
+    >>> a, b = seed_generator(7), seed_generator(7)
+    >>> bool((a.integers(0, 100, 5) == b.integers(0, 100, 5)).all())
+    True
+    >>> seed_generator(-1, "atomic_seed")
+    Traceback (most recent call last):
+        ...
+    ValueError: atomic_seed must be an integer >= 0 (the seed of np.random.default_rng); got atomic_seed=-1
+    """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"{name} must be an integer >= 0 (the seed of np.random.default_rng); "
                          f"got {name}={seed!r}")
@@ -601,7 +658,42 @@ class RoundingTrace:
 
 
 def rounding_trace(x: float, fmt, mode: str = "nearest_even") -> RoundingTrace:
-    """Show the add-then-clear recipe on one normal float32 value (not the tiny or overflow cases)."""
+    """Show the add-then-clear recipe on one normal float32 value (not the tiny or overflow cases).
+
+    x is first rounded to float32; its bit pattern gets the mode's increment, then the low
+    bits that fmt does not keep are cleared, as `round_to`'s integer kernel does.
+
+    Parameters
+    ----------
+    x : float
+        The value, a nonzero float32 within fmt's range.
+    fmt : str or FloatFormat or torch.dtype
+        The target format (narrower than float32: bfloat16, float16, tf32, float8, ...).
+    mode : {"nearest_even", "nearest_away", "toward_zero", "up", "down"}, default "nearest_even"
+        The rounding mode (stochastic draws its increment, so it has no fixed trace).
+
+    Returns
+    -------
+    RoundingTrace
+        The bits in and out, the increment and the result; print it for the three-line
+        working.
+
+    Raises
+    ------
+    ValueError
+        If fmt or mode is unknown, mode is "stochastic", or x is 0, not finite, beyond fmt's
+        largest finite value or too small for fmt to keep a bit.
+
+    Examples
+    --------
+    >>> from precisionlab.rounding import rounding_trace
+    >>> print(rounding_trace(1.1, "bfloat16"))
+    x = 1.100000023841858 (float32)   0 01111111 0001100|1100110011001101
+    + increment 0x7fff (nearest_even)
+    = clear 16 low bits   0 01111111 0001101|0000000000000000   -> 1.1015625
+    >>> rounding_trace(1.1, "bfloat16", "toward_zero").value_out
+    1.09375
+    """
     fmt = get_format(fmt)
     code = _mode_code(mode)
     if code == STOCHASTIC:

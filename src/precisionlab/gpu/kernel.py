@@ -208,7 +208,30 @@ class Kernel:
 
 
 def promote(kernel: Kernel) -> Kernel:
-    """The same order in float64 everywhere: the kernel as high-precision re-execution runs it."""
+    """The same order in float64 everywhere: the kernel as high-precision re-execution runs it.
+
+    A tensor-core kernel becomes a sequential one (its block FMAs have no float64 form);
+    operand conversion, partial and combine formats and fusion are dropped.
+
+    Parameters
+    ----------
+    kernel : Kernel
+        The kernel to re-execute.
+
+    Returns
+    -------
+    Kernel
+        A new kernel: the same order, block, splits and threads, accumulating and returning
+        float64, rounding to nearest even.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Kernel, promote
+    >>> promote(Kernel.from_profile("bf16")).describe()
+    'sequential, acc float64, out float64'
+    >>> promote(Kernel("blocked", acc="float16", block=4)).describe()
+    'blocked, block=4, acc float64, out float64'
+    """
     tc = kernel.order == "tensor_core"
     return replace(kernel, order="sequential" if tc else kernel.order, acc="float64", out="float64",
                    inputs=None, input_mode=None, partial=None, combine=None, mode="nearest_even",

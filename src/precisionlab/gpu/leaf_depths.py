@@ -44,6 +44,33 @@ def leaf_depths(n: int, kernel: Kernel) -> dict[str, np.ndarray]:
     order-oblivious rule charges every summand n - 1. Stages: "tile" (within a tile, thread or
     the whole sum), "partial" (the rounding of the tile result), "combine" (adds between tiles),
     "warp" (the two 5-level shuffle trees of order="warp"), "block_fma" (tensor-core blocks).
+
+    Parameters
+    ----------
+    n : int
+        The number of summands (>= 1).
+    kernel : Kernel
+        How the sum is executed (order, block, splits, threads, partial format, ...).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        For each stage the kernel has, the number of roundings on summand i's path, an
+        integer array of shape (n,).
+
+    Raises
+    ------
+    ValueError
+        If n is not a positive integer.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Kernel, leaf_depths
+    >>> leaf_depths(4, Kernel("sequential"))["tile"].tolist()  # x_0 and x_1 pass all 3 adds
+    [3, 3, 2, 1]
+    >>> d = leaf_depths(8, Kernel("blocked", block=4))  # two tiles of 4, then one combine
+    >>> d["tile"].tolist(), d["combine"].tolist()
+    ([3, 3, 2, 1, 3, 3, 2, 1], [1, 1, 1, 1, 1, 1, 1, 1])
     """
     n = check_positive_int(n, "n")
     k = kernel

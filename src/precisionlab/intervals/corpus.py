@@ -14,6 +14,7 @@ import numpy as np
 
 from ..checks import check_choice
 from ..gpu import Kernel, as_float64, promote, round_float64
+from ..rounding import seed_generator
 from ..tables import Table, show
 from .bounds import matmul, sum_
 from .interval import Interval, parts_of, rule_of
@@ -61,7 +62,25 @@ SOURCE_LABELS: dict[str, str] = {"#1808": "Type-I", "#4551": "Type-I", "#1937": 
 
 
 def source_issue(case: MismatchCase) -> str:
-    """The source's issue the case imitates when SOURCE_LABELS gives it the case's truth, else ""."""
+    """The source's issue the case imitates when SOURCE_LABELS gives it the case's truth, else "".
+
+    Parameters
+    ----------
+    case : MismatchCase
+        A corpus case (`build_case`); its `source` names the issue last ("... #1808").
+
+    Returns
+    -------
+    str
+        The issue ("#1808", ...), or "" when the case imitates none or the source labels it
+        otherwise.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import build_case, source_issue
+    >>> source_issue(build_case("atomic split-K, fp16 C")), source_issue(build_case("split-K fp32"))
+    ('#1808', '')
+    """
     issue = case.source.split()[-1] if case.source else ""
     return issue if SOURCE_LABELS.get(issue) == case.truth else ""
 
@@ -87,7 +106,34 @@ class CaseResult:
 
 def evaluate_case(case: MismatchCase) -> CaseResult:
     """Run target and reference, then the structure-aware interval (both programs bounded, overlap
-    test), the order-oblivious rule (reference as a point) and high-precision re-execution."""
+    test), the order-oblivious rule (reference as a point) and high-precision re-execution.
+
+    Parameters
+    ----------
+    case : MismatchCase
+        The case (`build_case`): both programs, the input, allclose's tolerances and the
+        layer the analysis starts from.
+
+    Returns
+    -------
+    CaseResult
+        The largest |target - reference|, whether allclose passes, each method's verdict
+        and, in `correct`, whether it is the case's truth.
+
+    Raises
+    ------
+    ValueError
+        If the two programs' outputs differ in shape or a layer's bound is no Interval.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import build_case, evaluate_case
+    >>> r = evaluate_case(build_case("split-K network"))  # Type-I: round-off
+    >>> r.passes_allclose, r.structure.verdict, r.high_precision
+    (False, 'Type-I', 'Type-II')
+    >>> r.correct
+    {'structure': True, 'oblivious': True, 'high_precision': False}
+    """
     n = len(case.target)
     t_outs = run_layers(case.target, case.x)
     r_outs = run_layers(case.reference, case.x)
@@ -101,7 +147,28 @@ def evaluate_case(case: MismatchCase) -> CaseResult:
 
 
 def corpus_table(results) -> Table:
-    """One row per CaseResult: the source issue it is like, level, truth, max |diff|, each method's verdict."""
+    """One row per CaseResult: the source issue it is like, level, truth, max |diff|, each method's verdict.
+
+    Parameters
+    ----------
+    results : iterable of CaseResult
+        The evaluated cases (`evaluate_case`), in the order of the rows.
+
+    Returns
+    -------
+    Table
+        The comparison table, each verdict marked "ok" or "WRONG"; print it, or show it in a
+        notebook.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import build_case, corpus_table, evaluate_case
+    >>> table = corpus_table([evaluate_case(build_case("split-K network"))])
+    >>> list(table.headers)
+    ['case', 'like', 'level', 'truth', 'max diff', 'interval', 'oblivious*', 'high prec.']
+    >>> list(table.rows[0])
+    ['split-K network', '', 'network', 'Type-I', '5.96e-08', 'Type-I ok', 'Type-I ok', 'Type-II WRONG']
+    """
     mark = {True: "ok", False: "WRONG"}
     rows = [(r.case.name, source_issue(r.case), r.case.level, r.case.truth, r.max_diff,
              *(f"{v} {mark[ok]}" for v, ok in zip(
@@ -115,8 +182,41 @@ def corpus_table(results) -> Table:
 
 
 def uniform_data(shape, seed: int, fmt="float32", scale: float = 1.0) -> np.ndarray:
-    """Uniform(-scale, scale) values from default_rng(seed), rounded to fmt (portable: no normal sampler)."""
-    rng = np.random.default_rng(seed)
+    """Uniform(-scale, scale) values from default_rng(seed), rounded to fmt (portable: no normal sampler).
+
+    Parameters
+    ----------
+    shape : int or tuple of int
+        The array's shape.
+    seed : int
+        The seed of np.random.default_rng (an integer >= 0).
+    fmt : str or FloatFormat, default "float32"
+        The format the values are rounded to (nearest even).
+    scale : float, default 1.0
+        The half-width of the range.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 values of fmt, in [-scale, scale]; the same for the same seed.
+
+    Raises
+    ------
+    ValueError
+        If seed is not an integer >= 0 or fmt is unknown.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import uniform_data
+    >>> from precisionlab.rounding import round_to
+    >>> x = uniform_data((2, 3), seed=0, fmt="bfloat16", scale=2.0)
+    >>> x.shape, bool((np.abs(x) <= 2).all()), bool((round_to(x, "bfloat16") == x).all())
+    ((2, 3), True, True)
+    >>> bool((uniform_data((2, 3), seed=0, fmt="bfloat16", scale=2.0) == x).all())
+    True
+    """
+    rng = seed_generator(seed)
     return round_float64(rng.uniform(-scale, scale, size=shape), fmt)
 
 
@@ -298,7 +398,31 @@ def _case_network(name, truth, story, fmt_t, kernel_t, fmt_r, kernel_r, bug=None
 
 
 def build_case(name: str) -> MismatchCase:
-    """The corpus case of that name (see CORPUS, and EXTRA_CASES beside it), built from fixed seeds."""
+    """The corpus case of that name (see CORPUS, and EXTRA_CASES beside it), built from fixed seeds.
+
+    Parameters
+    ----------
+    name : str
+        One of CORPUS ("split-K fp32", "tf32 tensor cores", "transposed strides", ...) or
+        EXTRA_CASES.
+
+    Returns
+    -------
+    MismatchCase
+        The target and reference programs, the input, allclose's tolerances and the truth.
+
+    Raises
+    ------
+    ValueError
+        If name is no case, naming the valid ones.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import build_case
+    >>> case = build_case("transposed strides")
+    >>> case.level, case.truth, case.x.shape, (case.rtol, case.atol)
+    ('kernel', 'Type-II', (16, 16), (1.3e-06, 1e-05))
+    """
     check_choice(name, "case", CORPUS + EXTRA_CASES)
     fp32_seq = Kernel("sequential", acc="float32")
     f64_seq = Kernel("sequential", acc="float64")

@@ -242,7 +242,34 @@ def hull(a, b, value=None, rule: str = "structure") -> Interval:
 
 
 def concrete(x) -> np.ndarray:
-    """The executed value: x itself for arrays, the target's value carried by an Interval."""
+    """The executed value: x itself for arrays, the target's value carried by an Interval.
+
+    Parameters
+    ----------
+    x : float or array_like or Interval
+        A value, or a bound that carries its executed value (from `point`, `hull` or a rule
+        applied to them).
+
+    Returns
+    -------
+    numpy.ndarray
+        x as a float64 array, or the Interval's `value`.
+
+    Raises
+    ------
+    ValueError
+        If x is an Interval without an executed value.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Interval, concrete, point
+    >>> concrete([1.0, 2.0]).tolist(), concrete(point([0.5])).tolist()
+    ([1.0, 2.0], [0.5])
+    >>> concrete(Interval(0.0, 1.0))
+    Traceback (most recent call last):
+        ...
+    ValueError: this Interval carries no executed value; build it with point() or hull()
+    """
     if isinstance(x, Interval):
         if x.value is None:
             raise ValueError("this Interval carries no executed value; build it with point() or hull()")

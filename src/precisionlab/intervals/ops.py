@@ -160,12 +160,45 @@ def add(a, b, fmt="float32", ulps=None):
 
 
 def sub(a, b, fmt="float32", ulps=None):
-    """fl(a - b) in fmt; on intervals [a_lo - b_hi, a_hi - b_lo] rounded outward by the sub budget."""
+    """fl(a - b) in fmt; on intervals [a_lo - b_hi, a_hi - b_lo] rounded outward by the sub budget.
+
+    Parameters
+    ----------
+    a, b : float or array_like or Interval
+        The operands (arrays execute, an Interval is bounded); broadcast to one shape.
+    fmt : str or FloatFormat, default "float32"
+        The result's format.
+    ulps : float or None, default None
+        The error budget in ulps of fmt; None takes ULP_BUDGETS["sub"], 0.5 (correctly
+        rounded).
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        fl(a - b) in float64 when neither operand is an Interval, else the bound (with the
+        executed value when both operands carry one).
+
+    Raises
+    ------
+    ValueError
+        If fmt is unknown, ulps is not a finite number >= 0, or the operands carry
+        different rules.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Interval, sub
+    >>> float(sub(1.0, 0.1, "float16"))
+    0.89990234375
+    >>> d = sub(Interval(1.0, 2.0), 0.5, "float16")
+    >>> float(d.lo), float(d.hi)  # [0.5, 1.5], widened by the budget
+    (0.499755859375, 1.5009765625)
+    """
+    u = check_ulps(ulps, "sub")
     if not any_interval(a, b):
         return add(a, -as_float64(b), fmt)
     blo, bhi, bnan, bv, _ = parts_of(b)
     nb = Interval(-bhi, -blo, None if bv is None else -bv, rule_of(a, b), bnan)
-    return add(a, nb, fmt, ulps=check_ulps(ulps, "sub"))
+    return add(a, nb, fmt, ulps=u)
 
 
 def mul(a, b, fmt="float32", ulps=None):
@@ -213,7 +246,46 @@ def mul(a, b, fmt="float32", ulps=None):
 
 def div(a, b, fmt="float32", fast: bool = False, ulps=None):
     """fl(a / b) in fmt (fast: within 2 ulps); on intervals the corner quotients rounded outward,
-    [-inf, inf] where b may be 0, NaN where 0 / 0 or inf / inf can occur."""
+    [-inf, inf] where b may be 0, NaN where 0 / 0 or inf / inf can occur.
+
+    Parameters
+    ----------
+    a, b : float or array_like or Interval
+        The dividend and the divisor (arrays execute, an Interval is bounded); broadcast to
+        one shape.
+    fmt : str or FloatFormat, default "float32"
+        The result's format.
+    fast : bool, default False
+        Bound an approximate (fast-math) division with ULP_BUDGETS["fast_div"], 2
+        ulps, instead of the correctly rounded one's 0.5; the executed value is the correctly
+        rounded quotient either way.
+    ulps : float or None, default None
+        The error budget in ulps of fmt; None takes the budget `fast` selects.
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        fl(a / b) in float64 when neither operand is an Interval (+-inf or NaN where IEEE
+        division gives them), else the bound.
+
+    Raises
+    ------
+    ValueError
+        If fmt is unknown, ulps is not a finite number >= 0, or the operands carry
+        different rules.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Interval, div
+    >>> float(div(1.0, 3.0, "float16"))
+    0.333251953125
+    >>> q = div(1.0, Interval(2.0, 4.0), "float16")
+    >>> float(q.lo), float(q.hi)  # [0.25, 0.5], widened
+    (0.2498779296875, 0.50048828125)
+    >>> q = div(1.0, Interval(-1.0, 1.0))  # the divisor may be 0
+    >>> float(q.lo), float(q.hi)
+    (-inf, inf)
+    """
     u = check_ulps(ulps, "fast_div" if fast else "div")
     if not any_interval(a, b):
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -239,7 +311,38 @@ def div(a, b, fmt="float32", fast: bool = False, ulps=None):
 
 
 def sqrt(x, fmt="float32", ulps=None):
-    """fl(sqrt x) in fmt; on intervals [sqrt lo, sqrt hi] (lo clipped at 0) rounded outward, NaN where x may be negative."""
+    """fl(sqrt x) in fmt; on intervals [sqrt lo, sqrt hi] (lo clipped at 0) rounded outward, NaN where x may be negative.
+
+    Parameters
+    ----------
+    x : float or array_like or Interval
+        The radicand, or its bound.
+    fmt : str or FloatFormat, default "float32"
+        The result's format.
+    ulps : float or None, default None
+        The error budget in ulps of fmt; None takes ULP_BUDGETS["sqrt"], 0.5 (correctly
+        rounded).
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        fl(sqrt x) in float64 for an array (NaN where x < 0); for an Interval, its bound,
+        flagged may-be-NaN where the bound reaches below 0.
+
+    Raises
+    ------
+    ValueError
+        If fmt is unknown or ulps is not a finite number >= 0.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Interval, sqrt
+    >>> float(sqrt(2.0, "float16"))
+    1.4140625
+    >>> r = sqrt(Interval(-1.0, 4.0), "float16")
+    >>> float(r.lo), float(r.hi), bool(r.nan)
+    (0.0, 2.001953125, True)
+    """
     u = check_ulps(ulps, "sqrt")
     if not isinstance(x, Interval):
         with np.errstate(invalid="ignore"):
@@ -254,7 +357,40 @@ def sqrt(x, fmt="float32", ulps=None):
 
 
 def exp(x, fmt="float32", ulps=None):
-    """fl(e^x) in fmt (e^x from float64, rounded once); on intervals [e^lo, e^hi] widened by the exp budget."""
+    """fl(e^x) in fmt (e^x from float64, rounded once); on intervals [e^lo, e^hi] widened by the exp budget.
+
+    Parameters
+    ----------
+    x : float or array_like or Interval
+        The exponent, or its bound.
+    fmt : str or FloatFormat, default "float32"
+        The result's format.
+    ulps : float or None, default None
+        The error budget in ulps of fmt; None takes ULP_BUDGETS["exp"], 1 (a fast exp is
+        not correctly rounded).
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        fl(e^x) in float64 for an array, of x's shape; for an Interval, its bound, within
+        [0, inf].
+
+    Raises
+    ------
+    ValueError
+        If fmt is unknown or ulps is not a finite number >= 0.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Interval, exp
+    >>> float(exp(1.0, "float16"))
+    2.71875
+    >>> e = exp(Interval(0.0, 1.0), "float16")
+    >>> round(float(e.lo), 4), round(float(e.hi), 4)  # [1, e], widened by 1 ulp
+    (0.999, 2.7209)
+    >>> bool(e.contains(exp(0.5, "float16")))
+    True
+    """
     u = check_ulps(ulps, "exp")
     if not isinstance(x, Interval):
         return round_float64(exp_array(as_float64(x)), fmt)
@@ -266,7 +402,29 @@ def exp(x, fmt="float32", ulps=None):
 
 
 def relu(x):
-    """max(x, 0): exact (NaN stays NaN); on intervals [max(lo, 0), max(hi, 0)], the executed branch wherever the bound does not straddle 0."""
+    """max(x, 0): exact (NaN stays NaN); on intervals [max(lo, 0), max(hi, 0)], the executed branch wherever the bound does not straddle 0.
+
+    Parameters
+    ----------
+    x : float or array_like or Interval
+        The values, or their bound.
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        max(x, 0) in float64 for an array; for an Interval, its bound (no rounding: relu is
+        exact in every format).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import Interval, relu
+    >>> relu(np.array([-1.0, 2.0])).tolist()
+    [0.0, 2.0]
+    >>> r = relu(Interval([-1.0, -2.0], [1.0, -1.0]))
+    >>> r.lo.tolist(), r.hi.tolist()
+    ([0.0, 0.0], [1.0, 0.0])
+    """
     if not isinstance(x, Interval):
         return np.maximum(as_float64(x), 0.0)
     v = None if x.value is None else np.maximum(x.value, 0.0)
@@ -276,7 +434,33 @@ def relu(x):
 
 
 def maximum(a, b):
-    """max(a, b): exact (NaN if either is); on intervals [max(a_lo, b_lo), max(a_hi, b_hi)] (both branches where the bounds overlap)."""
+    """max(a, b): exact (NaN if either is); on intervals [max(a_lo, b_lo), max(a_hi, b_hi)] (both branches where the bounds overlap).
+
+    Parameters
+    ----------
+    a, b : float or array_like or Interval
+        The operands (arrays execute, an Interval is bounded); broadcast to one shape.
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        The elementwise maximum in float64 when neither operand is an Interval, else its
+        bound (no rounding: max is exact).
+
+    Raises
+    ------
+    ValueError
+        If the operands carry different rules.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Interval, maximum
+    >>> maximum([1.0, 5.0], 3.0).tolist()
+    [3.0, 5.0]
+    >>> m = maximum(Interval(1.0, 4.0), 2.0)
+    >>> float(m.lo), float(m.hi)
+    (2.0, 4.0)
+    """
     if not any_interval(a, b):
         return np.maximum(as_float64(a), as_float64(b))
     alo, ahi, anan, _, _ = parts_of(a)
@@ -287,7 +471,36 @@ def maximum(a, b):
 
 
 def amax(x, axis: int = -1):
-    """max over an axis: exact (NaN if any entry is); on intervals [max lo, max hi]."""
+    """max over an axis: exact (NaN if any entry is); on intervals [max lo, max hi].
+
+    Parameters
+    ----------
+    x : array_like or Interval
+        The values, or their bound.
+    axis : int, default -1
+        The axis reduced.
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        The maximum over `axis` in float64 (that axis removed) for an array; for an
+        Interval, its bound, may-be-NaN where any entry may be NaN.
+
+    Raises
+    ------
+    ValueError
+        If axis is out of range for x (NumPy's AxisError, a ValueError).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import Interval, amax
+    >>> amax(np.array([[1.0, 3.0, 2.0]])).tolist()
+    [3.0]
+    >>> a = amax(Interval([1.0, 2.0], [3.0, 2.5]), axis=0)
+    >>> float(a.lo), float(a.hi)
+    (2.0, 3.0)
+    """
     if not isinstance(x, Interval):
         return np.max(as_float64(x), axis=axis)
     v = None if x.value is None else np.max(x.value, axis=axis)
@@ -298,7 +511,36 @@ def amax(x, axis: int = -1):
 
 
 def where(cond, a, b):
-    """cond ? a : b with cond taken from the target's executed values (or a fixed mask); on intervals the chosen branch's bounds."""
+    """cond ? a : b with cond taken from the target's executed values (or a fixed mask); on intervals the chosen branch's bounds.
+
+    Parameters
+    ----------
+    cond : array_like of bool
+        Where to take a (True) or b (False); the same choice for the bound as for the
+        executed values.
+    a, b : float or array_like or Interval
+        The two branches (arrays execute, an Interval is bounded); broadcast with cond.
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        The chosen values in float64 when neither branch is an Interval, else the chosen
+        branch's bound element by element.
+
+    Raises
+    ------
+    ValueError
+        If the branches carry different rules.
+
+    Examples
+    --------
+    >>> from precisionlab.intervals import Interval, where
+    >>> where([True, False], [1.0, 2.0], [10.0, 20.0]).tolist()
+    [1.0, 20.0]
+    >>> w = where([True, False], Interval([0.0, 1.0], [1.0, 2.0]), 5.0)
+    >>> w.lo.tolist(), w.hi.tolist()
+    ([0.0, 5.0], [1.0, 5.0])
+    """
     c = np.asarray(cond, dtype=bool)
     if not any_interval(a, b):
         return np.where(c, as_float64(a), as_float64(b))

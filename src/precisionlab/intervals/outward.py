@@ -190,13 +190,15 @@ _REL64 = 2.0**-44
 
 
 def exp_array(x: np.ndarray) -> np.ndarray:
-    """e^x by emulate.exp64 (the same bits on every CPU), for a NumPy array."""
-    return exp64(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))).numpy()
+    """e^x by emulate.exp64 (the same bits on every CPU), for a NumPy array (of x's shape)."""
+    x = np.asarray(x, dtype=np.float64)  # ascontiguousarray alone makes a 0-d array 1-d
+    return exp64(torch.from_numpy(np.ascontiguousarray(x))).numpy().reshape(x.shape)
 
 
 def log_array(x: np.ndarray) -> np.ndarray:
-    """ln x by emulate.log64 (the same bits on every CPU), for a NumPy array."""
-    return log64(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))).numpy()
+    """ln x by emulate.log64 (the same bits on every CPU), for a NumPy array (of x's shape)."""
+    x = np.asarray(x, dtype=np.float64)  # ascontiguousarray alone makes a 0-d array 1-d
+    return log64(torch.from_numpy(np.ascontiguousarray(x))).numpy().reshape(x.shape)
 
 
 def exp_down(x) -> np.ndarray:

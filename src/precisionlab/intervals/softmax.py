@@ -250,7 +250,40 @@ def softmax(x, fmt="float32", ulps=None):
 
 def log_softmax(x, fmt="float32", ulps=None):
     """x - ln sum e^x over the last axis (z - ln sum e^z, z = x - max), float64 then rounded once;
-    on intervals -ln(1 + D_i) over the box, D_i = sum_(j != i) e^(x_j - x_i), widened by the budget."""
+    on intervals -ln(1 + D_i) over the box, D_i = sum_(j != i) e^(x_j - x_i), widened by the budget.
+
+    Parameters
+    ----------
+    x : array_like or Interval
+        Logits, the log-softmax taken over the last axis.
+    fmt : str or FloatFormat, default "float32"
+        The result's format.
+    ulps : float or None, default None
+        The error budget in ulps of fmt; None takes ULP_BUDGETS["cross_entropy"], 1 (the
+        same evaluation: float64, then one rounding).
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        The log-probabilities in float64 for an array; for an Interval, their bound, within
+        [-inf, 0] (-inf exactly where a logit is -inf, a masked key).
+
+    Raises
+    ------
+    ValueError
+        If fmt is unknown or ulps is not a finite number >= 0.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import Interval, log_softmax
+    >>> logits = np.array([[1.0, 2.0, 3.0]])
+    >>> log_softmax(logits).round(4).tolist()
+    [[-2.4076, -1.4076, -0.4076]]
+    >>> bound = log_softmax(Interval(logits - 0.01, logits + 0.01))
+    >>> bool(bound.contains(log_softmax(logits)).all()), bool((bound.hi <= 0).all())
+    (True, True)
+    """
     u = check_ulps(ulps, "cross_entropy")  # the same evaluation: float64, then one rounding
     if not isinstance(x, Interval):
         return round_float64(-_lse_gap64(as_float64(x)), fmt)
@@ -268,7 +301,42 @@ def log_softmax(x, fmt="float32", ulps=None):
 
 def cross_entropy(logits, labels, fmt="float32", ulps=None):
     """-ln softmax(logits)[label] per row, float64 then rounded once to fmt; on intervals
-    [ln(1 + D_lo), ln(1 + D_hi)] with D = sum_(j != label) e^(x_j - x_label) over the box, widened by the budget."""
+    [ln(1 + D_lo), ln(1 + D_hi)] with D = sum_(j != label) e^(x_j - x_label) over the box, widened by the budget.
+
+    Parameters
+    ----------
+    logits : array_like or Interval
+        Logits of shape (..., classes), the softmax taken over the last axis.
+    labels : array_like of int
+        The class index of each row, of shape logits.shape[:-1].
+    fmt : str or FloatFormat, default "float32"
+        The result's format.
+    ulps : float or None, default None
+        The error budget in ulps of fmt; None takes ULP_BUDGETS["cross_entropy"], 1.
+
+    Returns
+    -------
+    numpy.ndarray or Interval
+        The loss of each row (shape logits.shape[:-1]) in float64 for an array; for an
+        Interval, its bound, within [0, inf].
+
+    Raises
+    ------
+    ValueError
+        If labels are not integers, have another shape than the rows or a value outside
+        0..classes - 1, fmt is unknown or ulps is not a finite number >= 0.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import Interval, cross_entropy
+    >>> logits = np.array([[1.0, 2.0, 3.0]])
+    >>> cross_entropy(logits, np.array([2])).round(4).tolist()  # -ln softmax(logits)[2]
+    [0.4076]
+    >>> bound = cross_entropy(Interval(logits - 0.01, logits + 0.01), np.array([2]))
+    >>> bound.lo.round(4).tolist(), bound.hi.round(4).tolist()
+    ([0.401], [0.4143])
+    """
     u = check_ulps(ulps, "cross_entropy")
     lab = np.asarray(labels)
     if lab.dtype.kind not in "iu":

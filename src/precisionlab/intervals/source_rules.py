@@ -27,7 +27,42 @@ def _fsum_last(a: np.ndarray) -> np.ndarray:
 
 def source_charge(x, w, eps_tile: float, tile: int = 256, out="float16") -> Interval:
     """Per tile [sum l - (tile-1) e sum|l|, sum h + (tile-1) e sum|h|], l, h = p -+ e|p| (e = eps_tile),
-    cast outward to `out`; then C <- C + t widened by eps_out |C| after each atomic add, in tile order."""
+    cast outward to `out`; then C <- C + t widened by eps_out |C| after each atomic add, in tile order.
+
+    Parameters
+    ----------
+    x : array_like
+        The left operand, shape (m, k).
+    w : array_like
+        The right operand, shape (k, n).
+    eps_tile : float
+        The relative charge of every product and add inside a tile (>= 0; the unit roundoff
+        of the tile's accumulator, 2^-24 for float32).
+    tile : int, default 256
+        Products per tile; must divide k.
+    out : str or FloatFormat, default "float16"
+        The format of C, which the tiles are cast to and added in.
+
+    Returns
+    -------
+    Interval
+        The source's bound of C = x w, shape (m, n), without an executed value.
+
+    Raises
+    ------
+    ValueError
+        If x and w are not matrices of matching inner size, tile is not a positive integer
+        that divides k, eps_tile is not a finite number >= 0, or out is unknown.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import source_charge
+    >>> x, w = np.full((1, 512), 0.5), np.full((512, 1), 0.25)  # C = 64, two tiles of 32
+    >>> c = source_charge(x, w, eps_tile=2.0**-24, tile=256, out="float16")
+    >>> c.shape, round(float(c.lo[0, 0]), 3), round(float(c.hi[0, 0]), 3)
+    ((1, 1), 63.875, 64.156)
+    """
     x, w = as_float64(x), as_float64(w)
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
         raise ValueError(f"source_charge needs x (m, k) and w (k, n); got shapes {x.shape} "

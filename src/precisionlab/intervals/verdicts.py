@@ -93,7 +93,33 @@ def as_layers(program) -> list[Layer]:
 
 
 def run_layers(program, x) -> list[np.ndarray]:
-    """Every layer's output, in order, executing the program on x."""
+    """Every layer's output, in order, executing the program on x.
+
+    Parameters
+    ----------
+    program : Layer or callable or sequence
+        The program: a Layer, a callable, or a sequence of them.
+    x : float or array_like
+        The program's input.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        One float64 output per layer; the last is the program's output.
+
+    Raises
+    ------
+    ValueError
+        If program is empty or an item is neither a Layer nor a callable.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import add, mul, run_layers
+    >>> program = [lambda v: mul(v, 3.0, "float16"), lambda v: add(v, 0.1, "float16")]
+    >>> [out.tolist() for out in run_layers(program, np.array([0.1, 0.2]))]
+    [[0.300048828125, 0.60009765625], [0.400146484375, 0.7001953125]]
+    """
     outs, h = [], x
     for layer in as_layers(program):
         h = layer.execute(h)
@@ -437,7 +463,31 @@ def abs_diff(a, b) -> np.ndarray:
 
 
 def allclose(a, b, rtol: float, atol: float) -> bool:
-    """a == b or |a - b| <= atol + rtol |b| everywhere (torch.allclose's test: equal infinities are close, NaN never is)."""
+    """a == b or |a - b| <= atol + rtol |b| everywhere (torch.allclose's test: equal infinities are close, NaN never is).
+
+    Parameters
+    ----------
+    a, b : float or array_like
+        The output checked and the reference; broadcast to one shape. The test is not
+        symmetric: rtol scales |b|.
+    rtol, atol : float
+        The relative and absolute tolerances (`ASSERT_CLOSE_TOLERANCES` has torch's per
+        dtype).
+
+    Returns
+    -------
+    bool
+        Whether every element passes.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from precisionlab.intervals import allclose
+    >>> allclose([1.0, np.inf], [1.0 + 1e-6, np.inf], rtol=1e-5, atol=1e-8)
+    True
+    >>> allclose([1.0], [1.1], rtol=1e-5, atol=1e-8), allclose([np.nan], [np.nan], 1e-5, 1e-8)
+    (False, False)
+    """
     a, b = as_float64(a), as_float64(b)
     with np.errstate(invalid="ignore"):
         return bool(np.all((a == b) | (np.abs(a - b) <= atol + rtol * np.abs(b))))

@@ -2,12 +2,14 @@
 
 Oracles: math.fsum for the SQNR sums, torch's own float8 casts of the scaled tensor for the
 quantized values and their shares, brute-force block membership, the float64 product for the
-regression targets, and the chapter 4 probe (`underflow.probe_network`) for the signals.
+regression targets, the chapter 4 probe (`underflow.probe_network`) for the signals, and an
+exact least-squares solve in fractions for the floors.
 """
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from precisionlab.chapters.quantize_runs import (
     outlier_activations,
     outlier_regression,
     outlier_report,
+    least_squares_floor,
     quantize_layers,
     scaling_trace,
     share_beside_outliers,
@@ -243,6 +246,51 @@ def test_train_quantized_calls_a_stateful_x_quantizer_once():
 
 
 # ----------------------------------------------------------------------------- delayed scaling
+
+
+def _exact_floor(x: np.ndarray, y: np.ndarray) -> Fraction:
+    """min_W ||x W - y||^2 / ||y||^2 in fractions: normal equations on x's nonzero columns."""
+    cols = [j for j in range(x.shape[1]) if np.any(x[:, j])]
+    a = [[Fraction(float(x[i, j])) for j in cols] for i in range(x.shape[0])]
+    g = [[sum(r[p] * r[q] for r in a) for q in range(len(cols))] for p in range(len(cols))]
+    total, norm = Fraction(0), Fraction(0)
+    for o in range(y.shape[1]):
+        b = [Fraction(float(v)) for v in y[:, o]]
+        rhs = [sum(a[i][p] * b[i] for i in range(len(b))) for p in range(len(cols))]
+        m = [row[:] + [r] for row, r in zip(g, rhs, strict=True)]  # Gauss-Jordan, exact
+        w, row = [Fraction(0)] * len(cols), 0  # free variables (dependent columns) stay 0
+        pivots = []
+        for p in range(len(cols)):
+            piv = next((r for r in range(row, len(cols)) if m[r][p] != 0), None)
+            if piv is None:
+                continue
+            m[row], m[piv] = m[piv], m[row]
+            m[row] = [v / m[row][p] for v in m[row]]
+            for r in range(len(cols)):
+                if r != row and m[r][p] != 0:
+                    m[r] = [u - m[r][p] * v for u, v in zip(m[r], m[row], strict=True)]
+            pivots.append((row, p))
+            row += 1
+        for r, p in pivots:
+            w[p] = m[r][-1]
+        total += sum((sum(a[i][p] * w[p] for p in range(len(cols))) - b[i]) ** 2
+                     for i in range(len(b)))
+        norm += sum(v * v for v in b)
+    return total / norm
+
+
+def test_least_squares_floor_against_an_exact_solve():
+    x, y = outlier_regression(40, 32, 2, 100.0, (2,), seed=3)
+    for q in (RECIPES["mxfp4"], FP4_TENSOR, RECIPES["fp8_tensor"]):
+        xh = q(x).dequantize()
+        want = _exact_floor(xh.numpy(), y.double().numpy())
+        assert math.isclose(least_squares_floor(xh, y), float(want), rel_tol=1e-9,
+                            abs_tol=1e-15)
+    # A run cannot end below its input's floor (the stalled fp4 case has all-zero columns).
+    run = train_quantized(x, y, FP4_TENSOR, RECIPES["fp8_tensor_e5m2"], steps=40)
+    assert run.losses.min() >= least_squares_floor(FP4_TENSOR(x).dequantize(), y) * (1 - 1e-6)
+    with pytest.raises(ValueError, match="same"):
+        least_squares_floor(x, y[:5])
 
 
 def test_spike_stream_is_a_geometric_drift_with_one_spike():

@@ -46,7 +46,7 @@ __all__ = ["OUTLIER_CHANNELS", "LayerQuantization", "OutlierReport", "QuantizedR
            "ScalingTrace", "SharedScale", "block_sqnr", "network_signals",
            "outlier_activations", "outlier_regression", "outlier_report", "quantize_layers",
            "scaling_trace", "share_beside_outliers", "spike_stream",
-           "trace_table_rows", "train_quantized"]
+           "least_squares_floor", "trace_table_rows", "train_quantized"]
 
 OUTLIER_CHANNELS: tuple[int, ...] = (17, 90, 161, 230)  # one in each 64 channels of 256
 
@@ -230,6 +230,20 @@ def train_quantized(x: torch.Tensor, y: torch.Tensor, x_quantizer: Quantizer | N
         opt.step()
         losses.append(float(loss.detach()) / y0)
     return QuantizedRun(np.array(losses), lin.weight.detach().clone())
+
+
+def least_squares_floor(xhat, y) -> float:
+    """min_W mean((xhat W^T - y)^2) / mean(y^2): the lowest loss any W reaches on the inputs xhat (float64 SVD solve)."""
+    a = np.asarray(torch.as_tensor(xhat).detach().to(torch.float64).numpy())
+    b = np.asarray(torch.as_tensor(y).detach().to(torch.float64).numpy())
+    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0]:
+        raise ValueError(f"need xhat (tokens, channels) and y (tokens, outputs) with the same "
+                         f"tokens; got shapes {a.shape} and {b.shape}")
+    # LAPACK's SVD solver (gelsd) handles the all-zero columns of a stalled quantizer; QR-based
+    # solvers with a rank cut-off (torch's default gelsy) can return W = 0 there instead.
+    w, *_ = np.linalg.lstsq(a, b, rcond=None)
+    r = a @ w - b
+    return float(np.square(r).sum() / np.square(b).sum())
 
 
 def spike_stream(steps: int = 120, spike_at: int = 100, spike: float = 30.0,

@@ -1,0 +1,120 @@
+"""Kernels whose reduction strategy depends on the batch shape, and a greedy decoder they change.
+
+A GPU matmul library picks its tiling by the problem's shape. When the batch is small the
+output has few tiles, too few to keep every streaming multiprocessor busy, so the library
+splits the k dimension as well (split-K) and adds the partial sums afterwards; at a large
+batch it does not need to. The split changes the order of the additions, so the *same row*
+of the output gets other bits at batch 1 than at batch 64, although no row ever looks at
+another (He and Thinking Machines Lab 2025). `splits_for_batch` is such a heuristic, stated
+exactly: output tiles of `tile` x `tile`, and the largest power of two up to `max_splits`
+that keeps tiles x splits within `units` parallel units. A batch-invariant kernel uses one
+strategy for every shape (`invariant_splits`), at the cost of fewer independent partial sums
+at small batches (`partial_sums`).
+
+`decode` runs a tiny recurrent language model greedily, every matmul through such a kernel:
+bfloat16 operands and results, float32 accumulation, one rounding per add (`Kernel`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..checks import check_positive_int
+from ..rounding import round_to
+from .kernel import Kernel, run_matmul
+
+__all__ = [
+    "TinyDecoder",
+    "batch_kernel",
+    "decode",
+    "partial_sums",
+    "splits_for_batch",
+]
+
+
+def splits_for_batch(batch: int, n_out: int, *, tile: int = 16, units: int = 32,
+                     max_splits: int = 8) -> int:
+    """Split-K factor: the largest power of two s <= max_splits with tiles(batch, n_out) * s <= units."""
+    b = check_positive_int(batch, "batch")
+    n = check_positive_int(n_out, "n_out")
+    tiles = -(-b // tile) * -(-n // tile)
+    s = 1
+    while s * 2 <= max_splits and tiles * s * 2 <= units:
+        s *= 2
+    return s
+
+
+def partial_sums(batch: int, n_out: int, splits: int) -> int:
+    """Independent partial sums the kernel runs in parallel: batch x n_out x splits."""
+    return batch * n_out * splits
+
+
+def batch_kernel(splits: int, acc: str = "float32", inputs: str | None = None,
+                 out: str = "bfloat16") -> Kernel:
+    """The matmul kernel for a split: split_k with `splits` chunks, or sequential for 1."""
+    if splits == 1:
+        return Kernel(order="sequential", acc=acc, inputs=inputs, out=out)
+    return Kernel(order="split_k", acc=acc, inputs=inputs, out=out, splits=splits)
+
+
+@dataclass(frozen=True)
+class TinyDecoder:
+    """h_t = softsign(fl32(h_{t-1} W) + E[token]) in float32; logits = fl_bf16(h_t U); argmax next.
+
+    The state's dynamics are chaotic (gain 6): a one-ulp difference in h grows until it
+    changes a token, as rounding differences do in a deep model's many layers.
+    """
+
+    embed: np.ndarray  # (vocab, d)
+    w: np.ndarray  # (d, d)
+    u: np.ndarray  # (d, vocab)
+
+    @classmethod
+    def random(cls, vocab: int = 32, d: int = 64, seed: int = 0, gain: float = 6.0,
+               embed_scale: float = 0.1) -> TinyDecoder:
+        """Weights drawn from default_rng(seed), rounded to bfloat16; gain > 1 makes the state chaotic."""
+        rng = np.random.default_rng(seed)
+
+        def bf(a):
+            return np.asarray(round_to(a, "bfloat16"), dtype=np.float64)
+
+        return cls(bf(rng.standard_normal((vocab, d)) * embed_scale), bf(rng.standard_normal((d, d)) * gain / d**0.5),
+                   bf(rng.standard_normal((d, vocab)) * 2.0 / d**0.5))
+
+
+def _softsign(x: np.ndarray) -> np.ndarray:
+    """x / (1 + |x|) rounded to float32 (IEEE division: the same bits on every CPU)."""
+    return np.asarray(round_to(x / (1.0 + np.abs(x)), "float32"), dtype=np.float64)
+
+
+def decode(model: TinyDecoder, prompts, steps: int = 32, *, invariant: bool = False,
+           splits: int | None = None, out: str = "float32") -> np.ndarray:
+    """Greedy completions (batch, steps) of the prompts (batch, length), served as one batch.
+
+    Every matmul runs through batch_kernel(s): s = splits_for_batch(batch, n_out) unless
+    invariant (s = 1 at every batch size) or `splits` is given.
+    """
+    p = np.asarray(prompts, dtype=np.int64)
+    if p.ndim != 2 or p.size == 0:
+        raise ValueError(f"prompts must be a non-empty (batch, length) array; got shape {p.shape}")
+    steps = check_positive_int(steps, "steps")
+    b, d = p.shape[0], model.w.shape[0]
+
+    def mm(a, m, out):
+        s = 1 if invariant else (splits or splits_for_batch(b, m.shape[1]))
+        return run_matmul(a, m, batch_kernel(s, out=out))
+
+    h = np.zeros((b, d))
+    completions = np.empty((b, steps), dtype=np.int64)
+    tok = p[:, 0]
+    for t in range(p.shape[1] + steps - 1):
+        h = _softsign(mm(h, model.w, out) + model.embed[tok])
+        if t + 1 < p.shape[1]:
+            tok = p[:, t + 1]
+            continue
+        logits = mm(h, model.u, "bfloat16")
+        tok = np.argmax(logits, axis=1)  # ties: the lowest token id
+        completions[:, t + 1 - p.shape[1]] = tok
+    return completions

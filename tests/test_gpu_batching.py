@@ -1,0 +1,64 @@
+"""precisionlab.gpu.batching: a split-K choice by batch size changes a row's bits and a greedy
+decoder's completions; one strategy for every batch size (batch invariance) does not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from precisionlab.gpu import run_matmul
+from precisionlab.gpu.batching import (
+    TinyDecoder,
+    batch_kernel,
+    decode,
+    partial_sums,
+    splits_for_batch,
+)
+
+
+def test_split_heuristic():
+    assert [splits_for_batch(b, 64) for b in (1, 16, 32, 64, 128, 512)] == [8, 8, 4, 2, 1, 1]
+    assert splits_for_batch(1, 32) == 8 and splits_for_batch(64, 32) == 4
+    assert partial_sums(1, 64, 8) == 512 and partial_sums(1, 64, 1) == 64
+    with pytest.raises(ValueError, match="batch"):
+        splits_for_batch(0, 64)
+
+
+def test_same_row_other_bits_at_batch_1_and_64():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 64)).astype(np.float32).astype(np.float64)
+    w = TinyDecoder.random(seed=0).w
+    big = run_matmul(x, w, batch_kernel(splits_for_batch(64, 64), out="float32"))
+    alone = np.concatenate([run_matmul(x[i:i + 1], w, batch_kernel(splits_for_batch(1, 64), out="float32"))
+                            for i in range(64)])
+    assert (big != alone).any(axis=1).mean() > 0.5
+    inv = run_matmul(x, w, batch_kernel(1))
+    inv_alone = np.concatenate([run_matmul(x[i:i + 1], w, batch_kernel(1)) for i in range(64)])
+    assert np.array_equal(inv, inv_alone)
+
+
+def test_completions_depend_on_the_batch_unless_invariant():
+    model = TinyDecoder.random(seed=1)
+    prompts = np.random.default_rng(1).integers(0, 32, (64, 4))
+    big = decode(model, prompts)
+    alone = np.concatenate([decode(model, prompts[i:i + 1]) for i in range(64)])
+    changed = (big != alone).any(axis=1)
+    assert changed.sum() == 7
+    inv_big = decode(model, prompts, invariant=True)
+    inv_alone = np.concatenate([decode(model, prompts[i:i + 1], invariant=True)
+                                for i in range(8)])
+    assert np.array_equal(inv_big[:8], inv_alone)
+
+
+def test_rows_never_mix():
+    """At a fixed split the batch is its rows served alone: the strategy is the only cause."""
+    model = TinyDecoder.random(seed=2)
+    prompts = np.random.default_rng(2).integers(0, 32, (6, 4))
+    big = decode(model, prompts, 12, splits=4)
+    alone = np.concatenate([decode(model, prompts[i:i + 1], 12, splits=4) for i in range(6)])
+    assert np.array_equal(big, alone)
+
+
+def test_bad_prompts():
+    with pytest.raises(ValueError, match="prompts"):
+        decode(TinyDecoder.random(), np.zeros(3, dtype=int))

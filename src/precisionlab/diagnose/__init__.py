@@ -35,18 +35,23 @@ from .recipe_shares import RecipeShares
 from .report import Report
 from .triage import OpCheck, UnsupportedOperation, triage
 from .triage_report import TriageReport
+from .watch import NonFiniteError, Watch, watch
+from .watch_report import WatchReport
 
 __all__ = [
     "SETTINGS",
     "DeterminismReport",
     "GradientReport",
     "MismatchReport",
+    "NonFiniteError",
     "OpCheck",
     "RecipeShares",
     "Report",
     "TensorGradients",
     "TriageReport",
     "UnsupportedOperation",
+    "Watch",
+    "WatchReport",
     "cast_thresholds",
     "determinism",
     "gradients",
@@ -55,4 +60,5 @@ __all__ = [
     "supported",
     "triage",
     "ulp_distance",
+    "watch",
 ]

@@ -1,0 +1,595 @@
+"""Watch a training run in the reader's own loop: per-layer statistics every N steps, the first
+inf or NaN of every step named when it happens, the loss scale and every skipped step; under
+torch.distributed, reduced across the ranks.
+
+Hooks, all reading, none writing: a forward hook on every module checks each new output
+tensor (one `torch.aminmax`, every step) and, on a recorded step, counts a leaf module's
+activations (`watch_counts`); a tensor hook on each output and input that requires grad does
+the same for gradients in the backward; a hook on each parameter checks its gradient. The first
+tensor of a step that is not finite is explained by `watch_cause` (forward: the module re-run
+on its saved inputs to name the torch function; the mechanism and chapter from
+`watch_report.MECHANISMS`). A gradient is blamed on the module whose backward produced it: the
+module that took the tensor as input, or the loss when the tensor is the model's output.
+Parameter gradients are counted at the end of a recorded step, from .grad: the reduced
+gradient under DDP (replicated: the ranks' counts are the same, reduced by max), this rank's
+shard under FSDP2 (summed over the ranks); activations and output gradients are summed over
+the ranks, amax reduced by max. Under a GradScaler the output gradients are the scaled ones
+(what the backward computes in), the parameter gradients the unscaled ones (what the
+optimizer steps with); a step whose scale fell at `scaler.update()` was skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import re
+import weakref
+from functools import partial
+
+import numpy as np
+import torch
+
+from ..checks import check_choice, check_count
+from .batch import tensors
+from .report import check_module
+from .watch_cause import backward_mechanism, forward_mechanism, replay, tensor_range
+from .watch_counts import cast_bounds, check_formats, magnitude_range, tensor_counts
+from .watch_report import LayerStats, NonFinite, SkippedStep, WatchReport
+
+__all__ = ["ON_NONFINITE", "NonFiniteError", "Watch", "watch"]
+
+ON_NONFINITE: tuple[str, ...] = ("record", "raise", "dump")
+_ACT, _OUT_GRAD, _PARAM_GRAD = "activation", "output grad", "param grad"
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised by a watch with on_nonfinite="raise" at the first inf/NaN; `.event` says where."""
+
+    def __init__(self, event: NonFinite):
+        super().__init__(event.describe())
+        self.event = event
+
+
+class _Tag:
+    """What the watch knows of one tensor of the current step."""
+
+    __slots__ = ("amax", "consumer", "counted", "grad_counted", "leaf", "module", "ref")
+
+    def __init__(self, t: torch.Tensor, module: str | None, leaf: str | None):
+        self.ref = weakref.ref(t)
+        self.module, self.leaf, self.consumer = module, leaf, None
+        self.amax = math.nan
+        self.counted = self.grad_counted = False
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DistributedDataParallel / DataParallel wrappers."""
+    while type(model).__name__ in ("DistributedDataParallel", "DataParallel") and isinstance(
+            getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, else t."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _amax(lo: float, hi: float) -> float:
+    return math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi)
+
+
+def _world() -> tuple[int, int]:
+    d = torch.distributed
+    if d.is_available() and d.is_initialized() and d.get_world_size() > 1:
+        return d.get_rank(), d.get_world_size()
+    return 0, 1
+
+
+def _check_optimizer(optimizer, model) -> None:
+    if optimizer is None:
+        return
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(optimizer, torch.optim.Optimizer) or groups is None:
+        raise ValueError("optimizer must be a torch.optim.Optimizer or None; got "
+                         f"optimizer={type(optimizer).__name__}")
+    held = {id(p) for g in groups for p in g["params"]}
+    mine = {id(p) for p in model.parameters()}
+    if not held & mine:
+        raise ValueError(f"optimizer holds none of model's parameters (it holds {len(held)} "
+                         f"tensors, the model {len(mine)}): pass the optimizer that trains "
+                         "this model, or optimizer=None and call w.step(loss) each step")
+
+
+def _check_scaler(scaler) -> None:
+    if scaler is not None and not all(callable(getattr(scaler, a, None))
+                                      for a in ("get_scale", "update", "is_enabled")):
+        raise ValueError("scaler must be a torch.amp.GradScaler (get_scale, update, is_enabled) "
+                         f"or None; got scaler={type(scaler).__name__}")
+
+
+class Watch:
+    """The hooks of `watch` over one model: a context manager; `step(loss)` ends a step.
+
+    Attributes
+    ----------
+    formats : tuple of str
+        The formats counted.
+    every : int
+        Statistics are taken on steps 0, every, 2 every, ...
+    events : list of NonFinite
+        The first inf/NaN of each step that had one, in step order (all ranks').
+    """
+
+    def __init__(self, model, every, formats, scaler, optimizer, log_dir, on_nonfinite):
+        self.model = model
+        self.every = every
+        self._bounds = cast_bounds(formats)
+        self.formats = self._bounds.formats
+        self.scaler, self.optimizer, self.on_nonfinite = scaler, optimizer, on_nonfinite
+        self.log_dir = None if log_dir is None else pathlib.Path(log_dir)
+        self._root = _unwrap(model)
+        mods = list(self._root.named_modules())
+        self._leaves = [p for p, m in mods if next(iter(m.children()), None) is None]
+        owners = [p for p, m in mods if next(iter(m.parameters(recurse=False)), None) is not None]
+        self._slots = {}
+        for p in self._leaves:
+            self._slots[(p, _ACT)] = len(self._slots)
+            self._slots[(p, _OUT_GRAD)] = len(self._slots)
+        for p in owners:
+            self._slots[(p, _PARAM_GRAD)] = len(self._slots)
+        self._modules = dict(mods)
+        self._owners = owners
+        self._pnames = {id(p): n for n, p in self._root.named_parameters()}
+        self._params = frozenset(self._pnames)
+        self._sharded = any(type(p).__name__ == "DTensor" for p in self._root.parameters())
+        self._auto = optimizer is not None
+        self._masks: set[str] = set()  # modules whose outputs hold -inf masks on purpose
+        self.events: list[NonFinite] = []
+        self._records: list[LayerStats] = []
+        self._skips: list[SkippedStep] = []
+        self._scales: list[tuple[int, float]] = []
+        self._losses: list[tuple[int, float]] = []
+        self._step = 0
+        self._handles: list = []
+        self._active = self._replaying = False
+        self._rank, self._world = 0, 1
+        self._jsonl = self._tb = None
+        self._orig_update = None
+        self._reset()
+
+    # ---- the step's state
+    def _reset(self) -> None:
+        n = len(self._slots)
+        self._counts = np.zeros((n, 3 + 3 * len(self.formats)), dtype=np.int64)
+        self._amaxes = np.full(n, -1.0)
+        self._tags: dict[int, _Tag] = {}
+        self._fwd_event = self._bwd_event = None
+        self._step_events: list[NonFinite] = []
+        self._update = None
+        self._recording = self._step % self.every == 0
+
+    def _add(self, path: str, kind: str, amax: float, counts: np.ndarray) -> None:
+        i = self._slots.get((path, kind))
+        if i is None:
+            return
+        self._counts[i] += counts
+        a = math.inf if math.isnan(amax) else amax
+        self._amaxes[i] = max(self._amaxes[i], a)
+
+    def _tag_of(self, t: torch.Tensor) -> _Tag | None:
+        tag = self._tags.get(id(t))
+        return tag if tag is not None and tag.ref() is t else None
+
+    def _new_tag(self, t: torch.Tensor, module: str | None, leaf: str | None) -> _Tag:
+        tag = self._tags[id(t)] = _Tag(t, module, leaf)
+        if t.requires_grad and torch.is_grad_enabled():
+            t.register_hook(partial(self._grad_hook, tag))
+        return tag
+
+    # ---- hooks
+    def _forward_hook(self, path, leaf, module, args, kwargs, out):
+        if not self._active or self._replaying:
+            return
+        grad = torch.is_grad_enabled()
+        for t in tensors(out):
+            if not t.is_floating_point():
+                continue
+            tag = self._tag_of(t)
+            if tag is None:
+                tag = self._new_tag(t, path, path if leaf else None)
+                lo, hi = magnitude_range(t)
+                tag.amax = _amax(lo, hi)
+                if self._fwd_event is None and not math.isfinite(tag.amax) and not (
+                        path in self._masks and not math.isnan(tag.amax)):
+                    self._forward_event(path, module, args, kwargs, t)
+            if leaf and self._recording and grad and not tag.counted and tag.leaf == path:
+                tag.counted = True
+                self._add(path, _ACT, *tensor_counts(t, self._bounds, tag.amax))
+        if grad:
+            for t in tensors(list(args)) + tensors(list(kwargs.values())):
+                if t.is_floating_point() and t.requires_grad:
+                    tag = self._tag_of(t) or self._new_tag(t, None, None)
+                    if tag.consumer is None:
+                        tag.consumer = path
+
+    def _grad_hook(self, tag: _Tag, g):
+        if not self._active or self._replaying or g is None:
+            return
+        amax = None
+        if self._bwd_event is None:
+            amax = _amax(*magnitude_range(g))
+            if not math.isfinite(amax):
+                if tag.consumer is not None:
+                    module = tag.consumer
+                    op = f"{module or '(model)'}: backward (gradient of its input)"
+                else:
+                    module = tag.module or ""
+                    op = (f"the loss, outside the model: gradient of "
+                          f"{module or 'the model'}'s output")
+                self._backward_event(module, op, g)
+        if self._recording and tag.leaf is not None and not tag.grad_counted:
+            tag.grad_counted = True
+            self._add(tag.leaf, _OUT_GRAD, *tensor_counts(g, self._bounds, amax))
+
+    def _param_hook(self, name: str, g):
+        if not self._active or self._replaying or g is None or self._bwd_event is not None:
+            return
+        if not math.isfinite(_amax(*magnitude_range(_local(g)))):
+            owner = name.rpartition(".")[0]
+            self._backward_event(owner, f"{owner or '(model)'}: backward (gradient of {name})",
+                                 _local(g))
+
+    # ---- events
+    def _scale_now(self) -> float | None:
+        if self.scaler is None or not self.scaler.is_enabled():
+            return None
+        return float(self.scaler.get_scale())
+
+    def _forward_event(self, path, module, args, kwargs, out) -> None:
+        op = None
+        if not self._sharded:  # an FSDP2 module's re-run would gather on one rank only
+            self._replaying = True
+            try:
+                op = replay(module, path, args, kwargs)
+            finally:
+                self._replaying = False
+        if op is not None and op.mask:  # a mask filled with -inf on purpose: only NaN from now
+            self._masks.add(path)
+            return
+        if op is not None:
+            name, a, kw, o, label = op.name, op.args, op.kwargs, op.out, op.label
+        else:
+            name, a, kw, o = f"{type(module).__name__}.forward", args, kwargs, out
+            label = f"{path + ': ' if path else ''}{name}"
+        mech, detail = forward_mechanism(name, tuple(a), dict(kw), o, self._params)
+        ins = [t for t in tensors(list(a)) + tensors(list(kw.values())) if t.is_floating_point()]
+        ranges = tuple(tensor_range(t, self._pnames.get(id(t), f"input {k}"))
+                       for k, t in enumerate(ins))
+        dump = self._dump(path, {"args": args, "kwargs": kwargs}, module) \
+            if self.on_nonfinite == "dump" else ""
+        ev = NonFinite(self._step, "forward", path, label, mech, detail, ranges,
+                       tensor_range(o, "output"), self._rank, dump)
+        self._fwd_event = ev
+        self._event(ev)
+
+    def _backward_event(self, module: str, op: str, g: torch.Tensor) -> None:
+        mech, detail = backward_mechanism(g, self._scale_now())
+        dump = self._dump(module, {"grad": g}, None) if self.on_nonfinite == "dump" else ""
+        ev = NonFinite(self._step, "backward", module, op, mech, detail, (),
+                       tensor_range(g, "gradient"), self._rank, dump)
+        self._bwd_event = ev
+        self._event(ev)
+
+    def _event(self, ev: NonFinite) -> None:
+        self._step_events.append(ev)
+        if self.on_nonfinite == "raise" and self._world == 1:
+            raise NonFiniteError(ev)
+
+    def _dump(self, path: str, what: dict, module) -> str:
+        def cpu(obj):
+            if isinstance(obj, torch.Tensor):
+                return _local(obj).detach().cpu().clone()
+            if isinstance(obj, (list, tuple)):
+                return [cpu(o) for o in obj]
+            if isinstance(obj, dict):
+                return {k: cpu(v) for k, v in obj.items()}
+            return obj
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", path or "model")
+        name = f"nonfinite-step{self._step}-rank{self._rank}-{safe}.pt"
+        data = {"module": path, "step": self._step, **cpu(what)}
+        if module is not None:
+            data["class"] = type(module).__name__
+            data["state_dict"] = cpu(dict(module.state_dict()))
+        f = self.log_dir / name
+        torch.save(data, f)
+        return str(f)
+
+    # ---- steps
+    def step(self, loss=None) -> None:
+        """End the step (optimizer=None) or log the loss of the step that just ended.
+
+        Parameters
+        ----------
+        loss : torch.Tensor or float or None, default None
+            The step's loss, logged with it.
+
+        Raises
+        ------
+        RuntimeError
+            If the watch is not open (outside its `with` block).
+        """
+        if not self._active:
+            raise RuntimeError("the watch is not open: call w.step inside `with watch(...) as w`")
+        if self._auto:
+            if loss is not None and self._step > 0:
+                self._log_loss(self._step - 1, loss)
+            return
+        self._end_step(loss)
+
+    def _log_loss(self, step: int, loss) -> None:
+        v = float(loss.detach().float()) if isinstance(loss, torch.Tensor) else float(loss)
+        self._losses.append((step, v))
+        self._write([{"type": "loss", "step": step, "loss": v if math.isfinite(v) else None}])
+        if self._tb is not None and math.isfinite(v):
+            self._tb.add_scalar("loss", v, step)
+
+    def _end_step(self, loss=None) -> None:
+        s = self._step
+        if self._recording:
+            for path in self._owners:
+                for p in self._modules[path].parameters(recurse=False):
+                    if p.grad is not None:
+                        self._add(path, _PARAM_GRAD, *tensor_counts(_local(p.grad), self._bounds))
+        scale = skip = None
+        if self.scaler is not None:
+            used, new = self._update or (self._scale_now(),) * 2
+            scale = used
+            if used is not None:
+                self._scales.append((s, used))
+                if new is not None and new < used:
+                    skip = (used, new)
+        self._reduce_events()
+        if self._recording:
+            self._reduce_stats(scale)
+        if skip is not None:
+            name, bad = "", 0
+            for n, p in self._root.named_parameters():
+                if p.grad is not None:
+                    g = _local(p.grad)
+                    k = int((~torch.isfinite(g)).sum())
+                    if k:
+                        name, bad = n, k
+                        break
+            ev = next((e for e in self._step_events if e.phase == "backward"), None)
+            self._skips.append(SkippedStep(s, skip[0], skip[1], name, bad, ev))
+            self._write([self._skips[-1].to_dict()])
+        if scale is not None:
+            self._write([{"type": "scale", "step": s, "scale": scale}])
+            if self._tb is not None:
+                self._tb.add_scalar("loss_scale", scale, s)
+        if loss is not None:
+            self._log_loss(s, loss)
+        raise_ev = next(iter(self._step_events), None) if self._world > 1 else None
+        self._step += 1
+        self._reset()
+        if raise_ev is not None and self.on_nonfinite == "raise":
+            raise NonFiniteError(raise_ev)
+
+    def _reduce_events(self) -> None:
+        events = self._step_events
+        if self._world > 1:
+            d = torch.distributed
+            flags = torch.zeros(self._world, dtype=torch.int64, device=self._device())
+            flags[self._rank] = 1 if events else 0
+            d.all_reduce(flags)
+            if int(flags.sum()):
+                gathered = [None] * self._world
+                d.all_gather_object(gathered, events)
+                events = [e for part in gathered for e in part]
+        self._step_events = events
+        self.events += events
+        self._write([e.to_dict() for e in events])
+
+    def _device(self):
+        d = torch.distributed
+        if d.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _reduce_stats(self, scale) -> None:
+        counts, amaxes = self._counts, self._amaxes
+        if self._world > 1:
+            d = torch.distributed
+            dev = self._device()
+            c = torch.from_numpy(counts).to(dev)
+            a = torch.from_numpy(amaxes).to(dev)
+            d.all_reduce(c, op=d.ReduceOp.SUM)
+            d.all_reduce(a, op=d.ReduceOp.MAX)
+            counts, amaxes = c.cpu().numpy(), a.cpu().numpy()
+            if not self._sharded:  # DDP: the same reduced .grad on every rank: max, not sum
+                rows = [i for (_, k), i in self._slots.items() if k == _PARAM_GRAD]
+                m = torch.from_numpy(self._counts[rows]).to(dev)
+                d.all_reduce(m, op=d.ReduceOp.MAX)
+                counts[rows] = m.cpu().numpy()
+        new = []
+        for (path, kind), i in self._slots.items():
+            c = counts[i]
+            if c[0] == 0:
+                continue
+            per = {f: tuple(int(v) for v in c[3 + 3 * k:6 + 3 * k])
+                   for k, f in enumerate(self.formats)}
+            new.append(LayerStats(self._step, path, kind, int(c[0]), float(amaxes[i]),
+                                  int(c[1]), int(c[2]), per, scale))
+        self._records += new
+        self._write([r.to_dict() for r in new])
+        if self._tb is not None:
+            for r in new:
+                tag = f"{r.kind.replace(' ', '_')}/{r.module or 'model'}"
+                if math.isfinite(r.amax):
+                    self._tb.add_scalar(f"amax/{tag}", r.amax, r.step)
+                for f in self.formats:
+                    h = r.headroom(f)
+                    if math.isfinite(h):
+                        self._tb.add_scalar(f"headroom_{f}/{tag}", h, r.step)
+
+    def _write(self, rows: list[dict]) -> None:
+        if self._jsonl is not None and rows:
+            for r in rows:
+                self._jsonl.write(json.dumps(r) + "\n")
+            self._jsonl.flush()
+
+    # ---- open, close, report
+    def __enter__(self) -> Watch:
+        if self._active:
+            raise RuntimeError("this watch is already open")
+        self._rank, self._world = _world()
+        for path, m in self._modules.items():
+            leaf = path in set(self._leaves)
+            self._handles.append(m.register_forward_hook(
+                partial(self._forward_hook, path, leaf), with_kwargs=True))
+        for n, p in self._root.named_parameters():
+            if p.requires_grad:
+                try:
+                    self._handles.append(p.register_hook(partial(self._param_hook, n)))
+                except RuntimeError:  # a parameter autograd does not see (sharded): skipped
+                    pass
+        if self.optimizer is not None and self.scaler is None:
+            self._handles.append(self.optimizer.register_step_post_hook(
+                lambda *_: self._end_step() if self._active else None))
+        if self.scaler is not None:
+            self._wrap_update()
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            if self._rank == 0:
+                self._jsonl = open(self.log_dir / "watch.jsonl", "w")
+                if importlib.util.find_spec("tensorboard") is not None:
+                    from torch.utils.tensorboard import SummaryWriter
+                    self._tb = SummaryWriter(str(self.log_dir))
+        self._active = True
+        return self
+
+    def _wrap_update(self) -> None:
+        scaler = self.scaler
+        orig = scaler.update
+
+        def update(*args, **kwargs):
+            used = self._scale_now()
+            out = orig(*args, **kwargs)
+            self._update = (used, self._scale_now())
+            if self._auto and self._active:
+                self._end_step()
+            return out
+        self._orig_update = orig
+        scaler.update = update
+
+    def close(self) -> None:
+        """Remove every hook, give the scaler its own update back, close the log files."""
+        self._active = False
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._orig_update is not None:
+            if "update" in vars(self.scaler):
+                del self.scaler.update
+            self._orig_update = None
+        for f in (self._jsonl, self._tb):
+            if f is not None:
+                f.close()
+        self._jsonl = self._tb = None
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def first_nonfinite(self) -> NonFinite | None:
+        """The first inf/NaN of the run so far (None if none)."""
+        return self.events[0] if self.events else None
+
+    @property
+    def report(self) -> WatchReport:
+        """The run so far as a `WatchReport`."""
+        return WatchReport(self.formats, self.every, self._step, tuple(self._records),
+                           tuple(self.events), tuple(self._skips), tuple(self._scales),
+                           tuple(self._losses), self._world)
+
+
+def watch(model, every: int = 50,
+          formats=("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"), scaler=None,
+          optimizer=None, log_dir: str | os.PathLike | None = None,
+          on_nonfinite: str = "record") -> Watch:
+    """Watch a training loop: every `every` steps per leaf module max|x| and the shares of
+    activations and gradients a cast to each format would flush (|x| <= q/2), leave subnormal
+    (< n - q/2) or overflow; headroom log2(max_finite / amax); the first inf/NaN of every step.
+
+    Use it around the loop, `with watch(model, ...) as w:`, and end each step with
+    `w.step(loss)` after the optimizer (and scaler) step; with `optimizer=` the steps end by
+    themselves at `optimizer.step()` (at `scaler.update()` when a scaler is given too, so
+    skipped steps count). The watch only reads: the run's numbers are the same with and
+    without it. Every forward and backward inside a step counts (micro-batches add up);
+    statistics skip forwards run under no_grad.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (a DistributedDataParallel or fully_shard'ed model too), with parameters.
+    every : int, default 50
+        Statistics are taken on steps 0, every, 2 every, ...; inf/NaN are checked every step.
+    formats : sequence of str, default ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+        The formats to count casts into (`watch_counts.WATCH_FORMATS`, or aliases).
+    scaler : torch.amp.GradScaler or None, default None
+        The run's GradScaler: its scale is logged and each step it skips is explained.
+    optimizer : torch.optim.Optimizer or None, default None
+        The run's optimizer; given, the steps end by themselves.
+    log_dir : str or path or None, default None
+        A folder for `watch.jsonl` (one JSON object a line: stats, nonfinite, skip, scale,
+        loss) and, when tensorboard is installed, TensorBoard event files (amax and headroom
+        per layer and format, the loss scale, the loss); rank 0 writes them.
+    on_nonfinite : {"record", "raise", "dump"}, default "record"
+        At the first inf/NaN of a step: record it; raise `NonFiniteError` (at once; under
+        torch.distributed at the step's end, on every rank); or record it and save the
+        offending module's inputs and state to log_dir/nonfinite-step{S}-rank{R}-{path}.pt.
+
+    Returns
+    -------
+    Watch
+        A context manager; `w.step(loss)`, `w.report` (a `WatchReport`), `w.events`.
+
+    Raises
+    ------
+    ValueError
+        If model is not a Module with parameters, every < 1, a format is unknown, scaler is
+        not a GradScaler, optimizer is not an Optimizer or holds none of model's parameters,
+        on_nonfinite is unknown, or on_nonfinite="dump" without a log_dir.
+
+    Examples
+    --------
+    A float16 layer whose output passes 65504 is named at the step it happens:
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from precisionlab import diagnose
+    >>> model = nn.Sequential(nn.Linear(2, 2, bias=False)).half()
+    >>> with torch.no_grad():
+    ...     _ = model[0].weight.fill_(300.0)
+    >>> with diagnose.watch(model, every=1, formats=("float16",)) as w:
+    ...     for x in (1.0, 200.0):
+    ...         out = model(torch.full((1, 2), x, dtype=torch.float16))
+    ...         w.step()
+    >>> e = w.report.first_nonfinite
+    >>> e.step, e.op, e.mechanism, e.chapter
+    (1, '0: linear#0', 'overflow', 1)
+    """
+    check_module(model)
+    every = check_count(every, "every", 1)
+    names = check_formats(formats)
+    check_choice(on_nonfinite, "on_nonfinite", ON_NONFINITE)
+    _check_scaler(scaler)
+    _check_optimizer(optimizer, model)
+    if on_nonfinite == "dump" and log_dir is None:
+        raise ValueError("on_nonfinite='dump' saves the inputs under log_dir; got log_dir=None")
+    return Watch(model, every, names, scaler, optimizer, log_dir, on_nonfinite)

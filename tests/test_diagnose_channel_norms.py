@@ -122,6 +122,23 @@ def test_zero_variance_without_eps_is_the_whole_line():
     assert inside(b, F.batch_norm(x, mean, var, eps=0.0)).all()
 
 
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", NAMES)
+def test_infinite_and_nan_inputs(name, fmt):
+    """inf, -inf and NaN entries: torch's outputs (inf, NaN, or NaN over a whole batch row)
+    lie in the bound, the whole line wherever NaN may come out."""
+    g = torch.Generator().manual_seed(8)
+    dt = DTYPES[fmt]
+    x = torch.randn(3, 4, 5, 6, generator=g)
+    x[0, 0, 0, 0], x[1, 1, 2, 3], x[2, 3, 4, 5] = math.inf, -math.inf, math.nan
+    x = x.to(dt)
+    p = _params(4, g, "plain", dt)
+    rname = "batch_norm" if name.startswith("batch_norm") else name.removesuffix("_running")
+    fn, args, kw = _call(name.removesuffix("_train") if name != "instance_norm_running" else name,
+                         x, p, training=name == "batch_norm_train")
+    assert inside(rule_bound(rname, fn, args, kw, fmt)[0], _run(fn, args, kw)).all()
+
+
 def test_unbatched_and_two_dimensional_inputs():
     g = torch.Generator().manual_seed(4)
     x = torch.randn(5, 4, generator=g)  # BatchNorm1d on (N, C)

@@ -141,3 +141,9 @@ def test_bidirectional_tagger_round_off_and_a_changed_weight(kind):
         bug.rnn.weight_hh_l1_reverse.mul_(1 + 2**-5)
     r = diagnose.triage(m, bug, x)
     assert r.verdict == "Type-II" and r.blamed.op.startswith("rnn"), r.blamed
+
+
+def test_an_empty_batch_is_checked_without_a_worst_element():
+    m = nn.LSTM(4, 5, batch_first=True).eval()
+    r = diagnose.triage(m, m, torch.randn(0, 3, 4))
+    assert r.verdict == "Type-I" and all(c.numel == 0 for c in r.checks if "lstm" in c.op)

@@ -248,6 +248,28 @@ def test_triage_planted_float32_bugs_are_type_ii(name):
         assert r.verdict == "Type-II" and r.blamed.op.startswith(blamed), (what, r.blamed)
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_rotary_models_without_a_mask_take_grouped_query_sdpa(name):
+    """Without an attention_mask transformers calls sdpa with enable_gqa=True (key and value
+    heads repeated inside it): identical programs and the bfloat16 copy stay Type-I."""
+    m = model(name)
+    ids = {"input_ids": batch()["input_ids"]}
+    seen = []
+
+    class Spy(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if getattr(func, "__name__", "") == "scaled_dot_product_attention":
+                seen.append(kwargs.get("enable_gqa", False))
+            return func(*args, **kwargs)
+    with Spy(), torch.no_grad():
+        m(**ids)
+    assert seen and all(seen)
+    assert diagnose.triage(m, m, ids).verdict == "Type-I"
+    low = copy.deepcopy(m).to(torch.bfloat16)
+    assert diagnose.triage(m, low, ids).verdict == "Type-I"
+
+
 def test_triage_output_keyword_chooses_a_field():
     m = model("gpt2-eager")
     r = diagnose.triage(m, m, batch(), output="logits")

@@ -61,7 +61,7 @@ class Shown:
 
     def apply(self, c: OpCheck, i: int, j: int) -> OpCheck:
         """c with its element (an index into output j of operation i) in the tensor shown."""
-        if self.visible(i, j):
+        if self.visible(i, j) or not c.numel:  # a zero-size tensor has no element to show
             return c
         el = tuple(c.element)
         for step in (self._forward, self._backward):

@@ -160,3 +160,20 @@ def test_accepts_torch_and_vectors_and_rejects_bad_input():
         allreduce(t, "ring", "tf32")
     with pytest.raises(ValueError, match="shape"):
         allreduce(np.zeros((2, 0)))
+
+
+@sound(25)
+@given(w=st.sampled_from([1, 2, 4]), seed=st.integers(0, 2**32 - 1),
+       order=st.sampled_from(COLLECTIVE_ORDERS))
+def test_data_parallel_sum_is_shard_sums_then_all_reduce(w, seed, order):
+    from precisionlab.gpu.collectives import data_parallel_sum
+    samples = hard_parts(8, 5, seed)
+    parts = np.empty((w, 5))
+    for r in range(w):
+        for j in range(5):
+            rows = samples[r * (8 // w):(r + 1) * (8 // w), j]
+            parts[r, j] = float(oracle_chain(list(rows), list(range(len(rows))), "float32"))
+    want = oracle(parts, order, "float32")
+    np.testing.assert_array_equal(data_parallel_sum(samples, w, order), want)
+    with pytest.raises(ValueError, match="multiple"):
+        data_parallel_sum(samples[:7], 2)

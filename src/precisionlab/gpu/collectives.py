@@ -43,6 +43,7 @@ import numpy as np
 from ..checks import check_choice, check_positive_int
 from ..formats import FloatFormat, get_format
 from .arith import RoundedAdder
+from .reductions import reduce_sum
 
 __all__ = [
     "COLLECTIVE_ORDERS",
@@ -51,6 +52,7 @@ __all__ = [
     "allreduce",
     "btree",
     "chunk_starts",
+    "data_parallel_sum",
     "dtree",
     "gloo_segments",
     "rank_sequence",
@@ -208,3 +210,22 @@ def rank_sequence(order: str, element: int, n: int, world_size: int,
     check_choice(f.name, "reduction format fmt", REDUCE_FORMATS)
     c = int(chunk_starts(order, n, world_size, REDUCE_FORMATS[f.name])[element])
     return _chain(order, c, world_size)
+
+
+def data_parallel_sum(samples, world_size: int, order: str = "ring",
+                      fmt: str | FloatFormat = "float32") -> np.ndarray:
+    """sum_i samples[i] as W data-parallel ranks compute it: each rank sums its shard, then all-reduce.
+
+    samples: (N, n) per-example gradients, N a multiple of world_size; rank r takes the r-th
+    block of N / W consecutive rows and sums them in row order in fmt (one rounding per add,
+    our stand-in for the backward pass's accumulation), then `allreduce(parts, order, fmt)`.
+    At W = 1 this is the sequential sum of all N rows: the world size alone changes the order.
+    """
+    w = check_positive_int(world_size, "world_size")
+    a = np.asarray(samples, dtype=np.float64)
+    if a.ndim != 2 or a.shape[0] % w:
+        raise ValueError(f"samples must be (N, n) with N a multiple of world_size={w}; "
+                         f"got shape {a.shape}")
+    shards = a.reshape(w, a.shape[0] // w, a.shape[1])
+    parts = reduce_sum(np.moveaxis(shards, 1, 2), "sequential", fmt)  # (w, n)
+    return allreduce(np.asarray(parts).reshape(w, a.shape[1]), order, fmt)

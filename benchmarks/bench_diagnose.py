@@ -1,18 +1,27 @@
 #!/usr/bin/env python3
-"""Cost of each diagnose function as a multiple of one training step (or one forward), and its
-peak memory beside the model's own, for a ~10^5- and a ~10^7-parameter transformer on CPU.
+"""Each diagnose function's time and peak memory as a multiple of one forward (triage) or one
+training step (gradients, mismatch, determinism), on four models readers have: a tiny GPT-2 and
+a tiny BERT (transformers configs, random weights, a tokenizer-like dict batch with padding), a
+CNN with batch norm and pooling on images, and an MLP of about 10^7 parameters.
 
-Goals (issue 19): gradients and mismatch within 3x a training step, triage within 30x one
-forward, memory within 2x the model's own. Each job runs in a fresh subprocess. Memory is the
-peak resident memory of one call beyond the resident memory just before it (Linux: the peak is
-reset through /proc/self/clear_refs), with the model, the batch, the optimizer and triage's
-bfloat16 copy already built: "cold" is the first call, which also pays one-time imports and JIT
-compilation (numba in precisionlab.rounding, intervals.torch_ops.fused and .kernels), "warm" a
-later call. Times: the best of 3 to 50 runs after those two, on the wall clock and in the
-process's CPU time (which a loaded machine disturbs less).
+Goals (issue 35): triage <= 30x a forward in time and <= 3x in memory; gradients and mismatch
+within 3x a training step at 10^7 parameters. A training step is forward, backward and an AdamW
+step; triage compares the model with its bfloat16 copy (cast_inputs=True for the float inputs),
+mismatch float32 with bfloat16, determinism 1 and 2 threads with the gradients.
 
-    python3 benchmarks/bench_diagnose.py            # both sizes
-    python3 benchmarks/bench_diagnose.py --small    # the 10^5 model only
+Method. One thread (torch.set_num_threads(1)); each (model, job) in a fresh subprocess, with the
+model, batch, optimizer and bfloat16 copy built before anything is measured. Time: the process's
+CPU time (time.process_time, which a machine shared with other work disturbs less than the wall
+clock) of the best of at least 3 runs, after a cold and a warm run. Memory: the peak resident
+memory of one warm call beyond the resident memory of the process before the model was built
+(after the imports), so the model, its batch and what the job needs besides (the optimizer's
+state for a training step, the bfloat16 copy for triage) count; read from /proc/self/status
+(VmHWM after writing 5 to /proc/self/clear_refs, which resets the peak: Linux only), so torch's
+own allocations count, which tracemalloc does not see. "x" columns divide by the same numbers
+for the base job (forward or training step) of the same model.
+
+    python3 benchmarks/bench_diagnose.py              # all four models
+    python3 benchmarks/bench_diagnose.py --models mlp cnn
 """
 
 from __future__ import annotations
@@ -20,57 +29,61 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import inspect
 import json
-import math
+import os
 import subprocess
 import sys
 import time
 
-SIZES = {"1e5": dict(vocab=96, d=48, layers=2, context=64, batch=8),
-         "1e7": dict(vocab=256, d=512, layers=3, context=64, batch=8)}
-JOBS = ("train_step", "forward", "gradients", "mismatch", "triage", "determinism")
+MODELS = ("gpt2", "bert", "cnn", "mlp")
+JOBS = ("forward", "train_step", "gradients", "mismatch", "triage", "determinism")
+BASE = {"triage": "forward", "gradients": "train_step", "mismatch": "train_step",
+        "determinism": "train_step"}
 
 
-def build(vocab, d, layers, context, batch):
+def build(name: str):
+    """(model, batch, loss_fn, targets for mismatch) of one model, seeded."""
     import torch
     import torch.nn.functional as F
     from torch import nn
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.fc, self.proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            q, k, v = (z.view(b, t, 4, -1).transpose(1, 2)
-                       for z in self.qkv(self.ln1(x)).chunk(3, -1))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.out(y.transpose(1, 2).reshape(b, t, d))
-            return x + self.proj(F.gelu(self.fc(self.ln2(x))))
-
-    class LM(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
-            self.blocks = nn.ModuleList(Block() for _ in range(layers))
-            self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
-
-        def forward(self, idx):
-            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
-            for blk in self.blocks:
-                x = blk(x)
-            return self.head(self.norm(x))
-
     torch.manual_seed(0)
-    model = LM().eval()
-    x = torch.randint(0, vocab, (batch, context))
+    g = torch.Generator().manual_seed(1)
+    if name in ("gpt2", "bert"):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import transformers
+        transformers.logging.set_verbosity_error()
+        ids = torch.randint(1, 100, (4, 32), generator=g)
+        mask = torch.ones_like(ids)
+        mask[1, 20:] = 0
+        batch = {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask}
+        if name == "gpt2":
+            model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                n_layer=2, n_embd=32, n_head=4, vocab_size=100, n_positions=32,
+                bos_token_id=0, eos_token_id=0))
 
-    def loss_fn(out):
-        return F.cross_entropy(out[:, :-1].reshape(-1, vocab), x[:, 1:].reshape(-1))
-    return model, x, loss_fn
+            def loss_fn(out):
+                return F.cross_entropy(out.logits[:, :-1].reshape(-1, 100),
+                                       ids[:, 1:].reshape(-1))
+            return model.eval(), batch, loss_fn, None
+        model = transformers.BertForSequenceClassification(transformers.BertConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+            vocab_size=100, num_labels=3, max_position_embeddings=32))
+        labels = torch.randint(0, 3, (4,), generator=g)
+        return model.eval(), batch, lambda out: F.cross_entropy(out.logits, labels), labels
+    if name == "cnn":
+        model = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+        x = torch.randn(8, 3, 32, 32, generator=g)
+    else:  # an MLP of 10.5M parameters
+        model = nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048),
+                              nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+        x = torch.randn(32, 1024, generator=g)
+    labels = torch.randint(0, 10, (x.shape[0],), generator=g)
+    return model.eval(), x, lambda out: F.cross_entropy(out, labels), labels
 
 
 def _status(key: str) -> float:
@@ -82,92 +95,98 @@ def _status(key: str) -> float:
     raise RuntimeError(f"/proc/self/status has no {key}")
 
 
-def _peak_extra(fn) -> float:
-    """Peak resident memory of fn() beyond the resident memory before it, in MiB."""
+def _peak(fn) -> float:
+    """Peak resident memory of this process while fn() runs, in MiB."""
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current resident memory
-    before = _status("VmRSS")
     fn()
-    return _status("VmHWM") - before
+    return _status("VmHWM")
 
 
-def one(size: str, job: str) -> dict:
-    """Time one job (best of 3 to 50 runs after a warm-up) and its peak memory (cold and warm)."""
+def one(name: str, job: str) -> dict:
+    """One job on one model: CPU seconds of the best run, peak MiB of a warm call."""
     import torch
 
     from precisionlab import diagnose
+    from precisionlab.diagnose.batch import as_inputs, call
 
     torch.set_num_threads(1)
-    model, x, loss_fn = build(**SIZES[size])
+    if name in ("gpt2", "bert"):
+        import transformers  # its lazy modules imported before the baseline is read
+        _ = (transformers.GPT2LMHeadModel, transformers.BertForSequenceClassification)
+    gc.collect()
+    empty = _status("VmRSS")  # the process before the model is built
+    model, batch, loss_fn, targets = build(name)
+    inputs = as_inputs(batch)
     n = sum(p.numel() for p in model.parameters())
-    model_mib = n * 4 / 2**20
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def train_step():
-        loss = loss_fn(model(x))
+        loss = loss_fn(call(model, inputs))
         opt.zero_grad()
         loss.backward()
         opt.step()
 
-    small = x[:2, :32]
+    def forward():
+        with torch.no_grad():
+            call(model, inputs)
+
+    cast = ({"cast_inputs": True}
+            if "cast_inputs" in inspect.signature(diagnose.triage).parameters else {})
     low = copy.deepcopy(model).to(torch.bfloat16) if job == "triage" else None
     runs = {
+        "forward": forward,
         "train_step": train_step,
-        "forward": lambda: model(small) if job == "forward" else None,
-        "gradients": lambda: diagnose.gradients(model, loss_fn, x),
-        "mismatch": lambda: diagnose.mismatch(model, x),
-        "triage": lambda: diagnose.triage(model, low, small),
-        "determinism": lambda: diagnose.determinism(model, x, threads=(1, 2)),
+        "gradients": lambda: diagnose.gradients(model, loss_fn, batch),
+        "mismatch": lambda: diagnose.mismatch(model, batch, targets=targets),
+        "triage": lambda: diagnose.triage(model, low, batch, **cast),
+        "determinism": lambda: diagnose.determinism(model, batch, threads=(1, 2),
+                                                    loss_fn=loss_fn),
     }
     fn = runs[job]
-    with torch.no_grad() if job == "forward" else torch.enable_grad():
-        cold = _peak_extra(fn)
-        warm = _peak_extra(fn)
-        times, cpus = [], []  # at least 3 runs, up to 50 while they take under a second in all
-        while len(times) < 3 or (sum(times) < 1.0 and len(times) < 50):
-            t, c = time.perf_counter(), time.process_time()
-            fn()
-            times.append(time.perf_counter() - t)
-            cpus.append(time.process_time() - c)
-    return {"params": n, "seconds": min(times), "cpu": min(cpus), "model_mib": model_mib,
-            "cold_mib": cold, "warm_mib": warm}
+    try:
+        fn()  # cold: imports, numba's cache, first-touch allocations
+    except Exception as e:  # reported in the table
+        return {"params": n, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:60]}"}
+    mib = _peak(fn) - empty
+    cpus = []
+    while len(cpus) < 3 or (sum(cpus) < 1.0 and len(cpus) < 20):
+        c = time.process_time()
+        fn()
+        cpus.append(time.process_time() - c)
+    return {"params": n, "cpu": min(cpus), "mib": mib}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--small", action="store_true", help="only the 10^5-parameter model")
-    ap.add_argument("--one", nargs=2, metavar=("SIZE", "JOB"), help=argparse.SUPPRESS)
+    ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    ap.add_argument("--one", nargs=2, metavar=("MODEL", "JOB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         print(json.dumps(one(*args.one)))
         return
-    sizes = ["1e5"] if args.small else list(SIZES)
-    print("one thread; triage and forward on a 2 x 32 batch, the rest on 8 x 64 tokens;")
-    print("memory: peak MiB of one call beyond the resident memory before it, and / model;")
-    print("cpu: the process's CPU seconds (best run) and their multiple, steadier than the")
-    print("wall clock on a loaded machine (determinism runs 2 threads: its CPU time adds both)")
-    print(f"{'model':>5} {'params':>8} {'job':>11} {'seconds':>8} {'multiple':>14} "
-          f"{'cpu s':>7} {'cpu x':>6} {'cold MiB':>8} {'/ model':>7} {'warm MiB':>8} {'/ model':>7}")
-    for size in sizes:
+    print("one thread; CPU seconds of the best run; peak MiB of one warm call beyond the")
+    print("process before the model was built; x: divided by the forward (triage) or the")
+    print("training step (the others) of the same model")
+    print(f"{'model':>5} {'params':>9} {'job':>11} {'cpu s':>8} {'x':>6} {'peak MiB':>8} "
+          f"{'x':>6}")
+    for name in args.models:
         res = {}
         for job in JOBS:
-            out = subprocess.run([sys.executable, __file__, "--one", size, job],
+            out = subprocess.run([sys.executable, __file__, "--one", name, job],
                                  capture_output=True, text=True, check=True)
             res[job] = json.loads(out.stdout.strip().splitlines()[-1])
         for job in JOBS:
             r = res[job]
-            base = res["forward" if job == "triage" else "train_step"]
-            if job in ("train_step", "forward"):
-                mult, cpu_x = "-", "-"
-            else:
-                mult = f"{r['seconds'] / base['seconds']:.1f} x " + (
-                    "forward" if job == "triage" else "step")
-                cpu_x = f"{r['cpu'] / base['cpu']:.1f}"
-            mm = r["model_mib"] or math.nan
-            print(f"{size:>5} {r['params']:>8} {job:>11} {r['seconds']:>8.4f} {mult:>14} "
-                  f"{r['cpu']:>7.4f} {cpu_x:>6} {r['cold_mib']:>8.1f} {r['cold_mib'] / mm:>7.2f} "
-                  f"{r['warm_mib']:>8.1f} {r['warm_mib'] / mm:>7.2f}")
+            if "error" in r:
+                print(f"{name:>5} {r['params']:>9} {job:>11}  {r['error']}")
+                continue
+            base = res.get(BASE.get(job, ""), {})
+            tx = f"{r['cpu'] / base['cpu']:.1f}" if "cpu" in base else "-"
+            mx = (f"{r['mib'] / base['mib']:.1f}" if base.get("mib", 0) > 0.5 else "-")
+            print(f"{name:>5} {r['params']:>9} {job:>11} {r['cpu']:>8.4f} {tx:>6} "
+                  f"{r['mib']:>8.1f} {mx:>6}")
 
 
 if __name__ == "__main__":

@@ -142,3 +142,15 @@ def test_a_classifier_counts_every_sequence():
     batch = {"input_ids": ids, "attention_mask": (ids != 0).long()}
     r = diagnose.mismatch(Clf(), batch, targets=torch.tensor([0, 2]))
     assert r.counted is None and r.tokens == 2 and "padded" not in r.summary()
+
+
+def test_the_cast_copy_keeps_tied_weights_and_the_original():
+    from precisionlab.diagnose.mismatch import cast_copy
+    m = _gpt2()
+    low = cast_copy(m, torch.bfloat16)
+    assert low.lm_head.weight is low.transformer.wte.weight
+    assert all(p.dtype == torch.bfloat16 for p in low.parameters())
+    assert all(p.dtype == torch.float32 for p in m.parameters())
+    ref = copy.deepcopy(m).to(torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(low.state_dict().values(),
+                                                 ref.state_dict().values(), strict=True))

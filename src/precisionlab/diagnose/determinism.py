@@ -260,7 +260,7 @@ def _run(fn, inputs, loss_fn, params):
         if loss_fn is not None:
             loss = check_scalar_loss(loss_fn(out))
             grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
-            named += [(f"grad {n}", torch.zeros_like(p) if g is None else g.detach().clone())
+            named += [(f"grad {n}", torch.zeros_like(p) if g is None else g.detach())
                       for (n, p), g in zip(params, grads, strict=True)]
     return named
 
@@ -357,21 +357,26 @@ def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: b
     plan += [(f"{t} threads" if t > 1 else "1 thread", t, False) for t in ts[1:]]
     if deterministic:
         plan.append(("deterministic", ts[0], True))
-    runs = []
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=[]):  # every run draws the same random numbers
         seed = int(torch.randint(0, 2**62, (1,)))
-    for _, t, d in plan:
+    base = None
+    changes = []
+    for label, t, d in plan:  # each run compared with the baseline as it ends, then dropped
         with _setting(t, d), torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            runs.append(_run(fn, ins, loss_fn, params))
-    base = runs[0]
-    changes = []
-    for (label, _, _), run in zip(plan[1:], runs[1:], strict=True):
+            run = _run(fn, ins, loss_fn, params)
+        if base is None:
+            base = run
+            continue
         for (name, b), (_, x) in zip(base, run, strict=True):
-            d = ulp_distance(x, b)
-            n_changed = int((d != 0).sum())
-            mx = -1 if bool((d < 0).any()) else int(d.max()) if d.numel() else 0
+            if x.dtype == b.dtype and x.shape == b.shape and torch.equal(x, b):
+                n_changed = mx = 0  # equal values (NaN never is): every distance is 0
+            else:
+                dist = ulp_distance(x, b)
+                n_changed = int((dist != 0).sum())
+                mx = -1 if bool((dist < 0).any()) else int(dist.max()) if dist.numel() else 0
             changes.append(Change(name, label, b.numel(), n_changed, mx))
+        del run
     return DeterminismReport(plan[0][0], tuple(p[0] for p in plan), tuple(n for n, _ in base),
                              tuple(changes))

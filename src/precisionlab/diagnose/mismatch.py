@@ -68,14 +68,23 @@ def _runner(model, setting, cast_inputs: bool = False) -> Callable:
                                   "model")
         return run
     dtype = get_format(setting).torch_dtype
-    if all(p.dtype == dtype for p in model.parameters()):
-        m = model
-    else:
-        m = copy.deepcopy(model).to(dtype)
+    m = model if all(p.dtype == dtype for p in model.parameters()) else cast_copy(model, dtype)
 
     def run(inputs):
         return _logits_of(call(m, cast(inputs, dtype), "model"), "model")
     return run
+
+
+def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A deep copy of model with its floating parameters and buffers in dtype, each cast once
+    from the original (no float32 copy made first); tied parameters stay tied."""
+    memo: dict = {}
+    for t in (*model.parameters(), *model.buffers()):
+        if t.is_floating_point() and id(t) not in memo:
+            c = t.detach().to(dtype)
+            memo[id(t)] = (torch.nn.Parameter(c, requires_grad=t.requires_grad)
+                           if isinstance(t, torch.nn.Parameter) else c)
+    return copy.deepcopy(model, memo).to(dtype)
 
 
 def logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

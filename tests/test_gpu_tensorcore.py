@@ -198,7 +198,7 @@ def test_matmul_chains_blocks_and_stays_close_to_float64():
 
 
 def test_registry_and_errors():
-    assert set(TENSOR_CORE_MODELS) == {"V100", "T4", "A100"}
+    assert set(TENSOR_CORE_MODELS) == {"V100", "T4", "A100", "H100-FP8"}
     assert get_tensor_core_model("V100").align_bits == 0
     with pytest.raises(ValueError, match="valid choices: V100, T4, A100"):
         get_tensor_core_model("H100")

@@ -15,6 +15,15 @@ Science 7:e330; test programs in north-numerical-computing/tensor-cores-numerica
 4. the block result is normalised once, truncating to float32 - so positive results round
    down and negative ones round up; with a float16 output it is then rounded to nearest.
 
+FP8 inputs (E4M3, E5M2) follow the same steps with a narrower accumulator: DeepSeek-AI (2024)
+found that Hopper's FP8 tensor cores keep only about 14 bits when they accumulate, and
+promote partial sums into float32 on the CUDA cores every 128 elements of k to make up for
+it. `acc_bits` sets the significand the block FMA keeps (24 for float32, 14 for "H100-FP8"),
+and `tensor_core_matmul(..., promote_every=N_c)` adds the accumulator into a float32 sum
+(round to nearest) and clears it every N_c elements. The 14 bits are DeepSeek-AI's finding;
+the 32-product block, no extra alignment bit and truncation are this model's assumptions,
+carried over from the earlier generations Fasi et al. measured.
+
 Consequences they demonstrate, reproduced in tests/test_gpu_tensorcore.py: the sum starts
 from the largest term whatever its position, tiny terms vanish next to a large one although
 float32 could hold their sum, and the dot product is not monotonic (a larger c can give a
@@ -31,11 +40,12 @@ zero). Fasi et al.'s A100 tf32 test feeds raw words: (1 - 2^-24)^2 comes out as
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
 from ..checks import check_choice
-from ..formats import get_format
+from ..formats import FloatFormat, get_format
 from ..rounding import round_to
 from .profiles import lookup
 
@@ -43,14 +53,15 @@ __all__ = [
     "OPERAND_FEEDS",
     "TENSOR_CORE_MODELS",
     "TensorCoreModel",
+    "accumulator_format",
     "block_fma",
     "get_tensor_core_model",
     "tensor_core_matmul",
 ]
 
-_ACC_PRECISION = 24  # float32 significand bits: the accumulator every measured generation uses
+_ACC_PRECISION = 24  # float32 significand bits: the accumulator of the generations Fasi et al. measured
 _OUTPUTS = ("float32", "float16")
-_INPUTS = ("float16", "bfloat16", "tf32")
+_INPUTS = ("float16", "bfloat16", "tf32", "float8_e4m3fn", "float8_e5m2")
 # How a and b reach the tensor core: "exact" (already values of the input format), "converted"
 # (rounded by software first: cvt.rna for tf32, round-to-nearest-even for float16/bfloat16) or
 # "raw" (float32 words loaded unconverted into tf32 fragments: the hardware truncates them).
@@ -66,9 +77,14 @@ class TensorCoreModel:
     align_bits: int
     carry_bits: int
     description: str
-    inputs: tuple[str, ...] = _INPUTS  # operand formats this generation's tensor cores take
+    inputs: tuple[str, ...] = _INPUTS[:3]  # operand formats this generation's tensor cores take
+    acc_bits: int = _ACC_PRECISION  # significant bits the block result keeps (float32: 24)
 
     def __post_init__(self):
+        if isinstance(self.acc_bits, bool) or not isinstance(self.acc_bits, int) \
+                or not 2 <= self.acc_bits <= _ACC_PRECISION:
+            raise ValueError(f"acc_bits must be an integer from 2 to {_ACC_PRECISION} (float32's "
+                             f"significand); got acc_bits={self.acc_bits!r}")
         # c and B products, each below 2^(e_max + 1), sum to less than (B + 1) 2^(e_max + 1):
         # the register needs ceil(log2(B + 1)) bits above the leading one to never overflow.
         if self.block < 1 or self.align_bits < 0 or self.align_bits > 20:
@@ -92,8 +108,24 @@ TENSOR_CORE_MODELS: dict[str, TensorCoreModel] = {
                         "(Fasi et al. 2021, binary16 inputs)", ("float16",)),
         TensorCoreModel("A100", 4, 1, 3, "Ampere: one extra alignment bit for binary16, bfloat16 "
                         "and tf32 inputs (Fasi et al. 2021; their tests use 4-product blocks)"),
+        TensorCoreModel("H100-FP8", 32, 0, 6, "Hopper FP8: E4M3/E5M2 inputs accumulated with "
+                        "about 14 significant bits (DeepSeek-AI 2024); 32-product blocks, no "
+                        "extra alignment bit and truncation assumed", _INPUTS[3:], 14),
     )
 }
+
+
+@cache
+def accumulator_format(bits: int) -> FloatFormat:
+    """The block FMA's result format: float32's exponent range with a `bits`-bit significand (24: float32)."""
+    if bits == _ACC_PRECISION:
+        return get_format("float32")
+    m = bits - 1
+    return FloatFormat(
+        name=f"acc{bits}", exponent_bits=8, mantissa_bits=m, bias=127, has_inf=True,
+        max_finite=(2 - 2.0**-m) * 2.0**127, min_normal=2.0**-126,
+        min_subnormal=2.0**(-126 - m), eps=2.0**-m,
+        description=f"tensor-core accumulator: float32 range, {bits}-bit significand")
 
 
 def get_tensor_core_model(model: str | TensorCoreModel) -> TensorCoreModel:
@@ -164,18 +196,25 @@ def block_fma(a, b, c, model: str | TensorCoreModel = "V100", inputs: str = "flo
     a = _feed(a, inputs, operands, "a")
     b = _feed(b, inputs, operands, "b")
     _check_values(c, out, "c", "round it to the output format first")
-    terms = np.concatenate([np.broadcast_to(c[..., None], (*a.shape[:-1], 1)), a * b], axis=-1)
+    return _block_fma(a, b, c, m, out)
+
+
+def _block_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: TensorCoreModel,
+               out: str) -> np.ndarray:
+    """block_fma on operands already checked: a, b (..., B') of the input format, c (...) of `out`."""
+    prod = a * b  # exact: at most 2 x 11 significant bits (24 for tf32's raw feed)
+    terms = np.concatenate([np.broadcast_to(c[..., None], (*prod.shape[:-1], 1)), prod], axis=-1)
     _, e = np.frexp(terms)  # |t| = f 2^e with f in [0.5, 1): floor(log2 |t|) = e - 1
     e = np.where(terms != 0, e - 1, np.iinfo(np.int32).min)
     e_max = e.max(axis=-1, keepdims=True)
     # The weight of the last kept bit; all-zero blocks get any finite weight.
-    lsb = np.where(e_max > np.iinfo(np.int32).min, e_max - (_ACC_PRECISION - 1) - m.align_bits, 0)
+    lsb = np.where(e_max > np.iinfo(np.int32).min, e_max - (m.acc_bits - 1) - m.align_bits, 0)
     fixed = np.trunc(np.ldexp(terms, -lsb))  # aligned significands, cut toward zero
-    # Fixed-point sum, no normalisation: integers below 2^(24 + g + carry_bits) <= 2^53, exact.
+    # Fixed-point sum, no normalisation: integers below 2^(acc_bits + g + carry_bits) <= 2^53, exact.
     # The carry bits (checked in TensorCoreModel) hold it, so no bit is lost before the end.
     total = fixed.sum(axis=-1)
     d = np.ldexp(total, lsb[..., 0])
-    d = np.asarray(round_to(d, "float32", "toward_zero"), dtype=np.float64)
+    d = np.asarray(round_to(d, accumulator_format(m.acc_bits), "toward_zero"), dtype=np.float64)
     if out == "float16":
         d = np.asarray(round_to(d, "float16", "nearest_even"), dtype=np.float64)
     return d + 0.0  # no negative zeros from truncation
@@ -183,13 +222,17 @@ def block_fma(a, b, c, model: str | TensorCoreModel = "V100", inputs: str = "flo
 
 def tensor_core_matmul(a, b, c=None, model: str | TensorCoreModel = "V100",
                        inputs: str = "float16", out: str = "float32",
-                       operands: str = "converted") -> np.ndarray:
+                       operands: str = "converted", promote_every: int | None = None) -> np.ndarray:
     """D = C + A·B as a chain of block FMAs along k (blocks of the model's size), bit-level.
 
     operands="converted" (default): a (m, k) and b (k, n) are rounded to `inputs` by software
     (nearest; tf32 by nearest-away, like cvt.rna.tf32.f32); "raw": float32 matrices handed to
     tf32 tensor cores unconverted, truncated by the hardware; "exact": already `inputs`
-    values. c (m, n) defaults to zeros and is rounded to `out`.
+    values. c (m, n) defaults to zeros and is rounded to `out`. promote_every (a multiple of
+    the block size; out="float32" only): every that many elements of k, the tensor-core
+    accumulator is added into a float32 sum that starts at c (one rounding to nearest, as a
+    CUDA-core add) and cleared, as DeepSeek-V3 does with N_c = 128; None chains every block
+    through the accumulator.
     """
     m = get_tensor_core_model(model)
     inputs = _check_inputs(m, inputs, operands)
@@ -200,7 +243,23 @@ def tensor_core_matmul(a, b, c=None, model: str | TensorCoreModel = "V100",
     d = np.zeros((A.shape[0], B.shape[1])) if c is None else np.asarray(c, dtype=np.float64)
     check_choice(out, "tensor-core output", _OUTPUTS)
     d = np.asarray(round_to(d, out), dtype=np.float64)
-    for k0 in range(0, A.shape[1], m.block):
+    if promote_every is not None:
+        if isinstance(promote_every, bool) or not isinstance(promote_every, int) \
+                or promote_every < m.block or promote_every % m.block:
+            raise ValueError(f"promote_every must be a positive multiple of the {m.name} block "
+                             f"size {m.block}, or None; got promote_every={promote_every!r}")
+        if out != "float32":
+            raise ValueError(f"promotion adds partial sums into float32: it needs out='float32'; "
+                             f"got out={out!r}")
+    total, k = d, A.shape[1]
+    if promote_every is not None:
+        d = np.zeros_like(total)
+    for k0 in range(0, k, m.block):
         blk = slice(k0, k0 + m.block)
-        d = block_fma(A[:, None, blk], B.T[None, :, blk], d, m, inputs, out)
-    return d
+        d = _block_fma(A[:, None, blk], B.T[None, :, blk], d, m, out)
+        end = min(k0 + m.block, k)
+        if promote_every is not None and (end % promote_every == 0 or end == k):
+            # Two float32 values summed in float64 and rounded once: the correctly rounded sum.
+            total = np.asarray(round_to(total + d, "float32"), dtype=np.float64)
+            d = np.zeros_like(d)
+    return (total if promote_every is not None else d) + 0.0

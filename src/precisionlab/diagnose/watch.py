@@ -221,7 +221,7 @@ class Watch:
         if not self._active or self._replaying or g is None:
             return
         amax = None
-        if self._bwd_event is None:
+        if self._bwd_event is None and self._fwd_event is None:  # not a forward's consequence
             amax = _amax(*magnitude_range(g))
             if not math.isfinite(amax):
                 if tag.consumer is not None:
@@ -237,7 +237,8 @@ class Watch:
             self._add(tag.leaf, _OUT_GRAD, *tensor_counts(g, self._bounds, amax))
 
     def _param_hook(self, name: str, g):
-        if not self._active or self._replaying or g is None or self._bwd_event is not None:
+        if (not self._active or self._replaying or g is None or self._bwd_event is not None
+                or self._fwd_event is not None):
             return
         if not math.isfinite(_amax(*magnitude_range(_local(g)))):
             owner = name.rpartition(".")[0]
@@ -406,8 +407,8 @@ class Watch:
         if self._world > 1:
             d = torch.distributed
             dev = self._device()
-            c = torch.from_numpy(counts).to(dev)
-            a = torch.from_numpy(amaxes).to(dev)
+            c = torch.from_numpy(counts.copy()).to(dev)
+            a = torch.from_numpy(amaxes.copy()).to(dev)
             d.all_reduce(c, op=d.ReduceOp.SUM)
             d.all_reduce(a, op=d.ReduceOp.MAX)
             counts, amaxes = c.cpu().numpy(), a.cpu().numpy()

@@ -327,9 +327,10 @@ def replay(module: torch.nn.Module, path: str, args: tuple, kwargs: dict) -> Fir
     saved = {n: b.detach().clone() for n, b in module.named_buffers()}
     devices = sorted({p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"})
     try:
+        a, kw = _clone(tuple(args)), _clone(dict(kwargs))
         with torch.random.fork_rng(devices=devices), torch.no_grad(), \
                 _FirstNonFinite(stack) as mode:
-            module.forward(*_clone(tuple(args)), **_clone(dict(kwargs)))
+            module.forward(*a, **kw)
         found = mode.origin or mode.first or mode.masking
     except Exception:  # a re-run that fails: the module is named, not the function
         found = None

@@ -17,6 +17,9 @@ from box_oracles import box_around, inside, points_inside, rule_bound
 from torch import nn
 
 from precisionlab import diagnose
+from precisionlab.intervals.torch_ops import arith as B
+from precisionlab.intervals.torch_ops import recurrent as RC
+from precisionlab.rounding import round_to
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
@@ -147,3 +150,36 @@ def test_an_empty_batch_is_checked_without_a_worst_element():
     m = nn.LSTM(4, 5, batch_first=True).eval()
     r = diagnose.triage(m, m, torch.randn(0, 3, 4))
     assert r.verdict == "Type-I" and all(c.numel == 0 for c in r.checks if "lstm" in c.op)
+
+
+def _tf32(t):
+    return round_to(t, "tf32", "nearest_away")
+
+
+def test_cudnn_tf32_operands_lie_in_the_tf32_bound():
+    """cuDNN (CUDA, allow_tf32 on by default) may round a float32 LSTM's operands to TF32: an
+    LSTM unrolled in float32 with every product's operands so rounded lies in the bound with
+    tf32=True (which is wider than the float32 one); no GPU needed for the oracle."""
+    torch.manual_seed(9)
+    m = nn.LSTM(5, 6).eval()
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(6, 3, 5, generator=g) * 3
+    h0, c0 = torch.zeros(1, 3, 6), torch.zeros(1, 3, 6)
+    w_ih, w_hh, b_ih, b_hh = (p.detach() for p in m._flat_weights)
+    h, c, outs = h0[0], c0[0], []
+    for t in range(x.shape[0]):
+        gates = _tf32(x[t]) @ _tf32(w_ih).T + b_ih + _tf32(h) @ _tf32(w_hh).T + b_hh
+        i, f, gg, o = gates.chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(gg)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outs.append(h)
+    def get(t):
+        v = t.detach().double().numpy()
+        return B.mk(v, v)
+    plain = rule_bound("lstm", torch.lstm, _call_args(m, "lstm", x, h0, c0), {}, "float32")
+    ws = RC.layer_weights(m._flat_weights, get, True, "lstm", 1, 1)
+    wide = RC.recurrent_bound("lstm", get(x), get(h0), get(c0), ws, 1, False, False, "float32",
+                              tf32=True)
+    assert inside(wide[0], torch.stack(outs)).all() and inside(wide[2], c[None]).all()
+    assert ((wide[0].hi - wide[0].lo) > (plain[0].hi - plain[0].lo)).all()
+    assert not inside(plain[0], torch.stack(outs)).all()  # the float32 model would miss it

@@ -10,7 +10,9 @@ Each step is bounded from the boxes of its inputs, of the previous state and of 
   float32: torch's native cell adds the two products, oneDNN's fuses them; u float32's, or
   float64's for float64), plus 4 u_fmt sum |x_k w_k| for a float16/bfloat16 layer whose native
   cell rounds each product, its bias and their sum into the dtype, and K times float32's smallest
-  normal (a kernel that flushes subnormals);
+  normal (a kernel that flushes subnormals); on CUDA with torch.backends.cudnn.allow_tf32 (the
+  default) a float32 layer's operands may be rounded to TF32 first: 2^-10 relative more per
+  product (not measured here: no GPU in these tests);
 * sigmoid, tanh and relu of those: the exact range at the ends, widened by 16 ulps of the
   internal format and 4 u absolute (oneDNN's and SLEEF's approximations are within a few ulps;
   results below the smallest normal may be flushed to 0), rounded outward into a float16/bfloat16
@@ -57,7 +59,7 @@ from .arith import (
     widen_rel,
 )
 
-__all__ = ["RECURRENT_RULES", "recurrent_bound"]
+__all__ = ["RECURRENT_RULES", "layer_weights", "recurrent_bound"]
 
 ACT_ULPS = 16.0  # sigmoid / tanh inside a fused recurrent kernel: ulps of the internal format
 ACT_ABS = 4.0  # and this many u absolute
@@ -65,10 +67,12 @@ _GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
 
 class _Ctx:
-    """The formats and units of one call."""
+    """The formats and units of one call; tf32: cuDNN may round the float32 products' operands
+    to TF32 (torch.backends.cudnn.allow_tf32, on by default for CUDA tensors)."""
 
-    def __init__(self, fmt: str):
+    def __init__(self, fmt: str, tf32: bool = False):
         self.fmt = fmt
+        self.operand = 2 * 2.0**-11 * (1 + 2.0**-11) if tf32 and fmt == "float32" else 0.0
         self.inner = internal(fmt)
         f = get_format(self.inner)
         self.u, self.tiny = f.unit_roundoff, get_format("float32").min_normal
@@ -115,7 +119,8 @@ def _affine(terms: list, biases: list, ctx: _Ctx) -> Interval:
         for b in biases:
             bm, br = _midrad(b, g64)
             center, rad, size = center + bm, rad + br, size + np.abs(bm) + br
-        err = gamma(k_all + 4, ctx.u) + 4 * ctx.uf * (1 + gamma(k_all + 4, ctx.u)) + 3 * g64
+        err = ((gamma(k_all + 4, ctx.u) + 4 * ctx.uf + ctx.operand) * (1 + ctx.operand)
+               * (1 + gamma(k_all + 4, ctx.u)) + 3 * g64)
         total = (rad + err * size + k_all * ctx.tiny) * (1 + 4 * g64)
         y = mk(down(center - total), up(center + total))
     return nan_where(y, ~np.isfinite(size) | np.isnan(total))
@@ -220,8 +225,30 @@ def _step(kind: str, x: Interval, h: Interval, c: Interval | None, w: dict, ctx:
     return _interp(z, n, h, ctx), None
 
 
-def _layer_weights(params: list, get, has_bias: bool, kind: str, layers: int, dirs: int):
-    """Per (layer, direction): {"ih", "hh", ("hr"): `_weights`, "b": [bias Intervals]}."""
+def layer_weights(params: list, get, has_bias: bool, kind: str, layers: int, dirs: int) -> list:
+    """The weights of torch.<kind>'s flat parameter list, per layer and direction, in the form
+    `recurrent_bound` takes.
+
+    Parameters
+    ----------
+    params : list of torch.Tensor
+        The flat weights (nn.LSTM's _flat_weights): per layer and direction w_ih, w_hh, then
+        b_ih, b_hh when has_bias, then w_hr for an LSTM with proj_size.
+    get : callable
+        Tensor -> its bound (Interval).
+    has_bias : bool
+        Whether the layer has biases.
+    kind : str
+        "lstm", "gru", "rnn_tanh" or "rnn_relu".
+    layers, dirs : int
+        The number of layers and of directions (1 or 2).
+
+    Returns
+    -------
+    list of dict
+        {"ih", "hh", and "hr" with projections: the weights as products take them, "b": the
+        bias bounds}, one per layer and direction.
+    """
     per = len(params) // (layers * dirs)
     proj = kind == "lstm" and per == (5 if has_bias else 3)
     if per * layers * dirs != len(params) or per not in ((4, 5) if has_bias else (2, 3)):
@@ -240,7 +267,8 @@ def _layer_weights(params: list, get, has_bias: bool, kind: str, layers: int, di
 
 
 def recurrent_bound(kind: str, x: Interval, h0: Interval, c0: Interval | None, weights: list,
-                    layers: int, bidirectional: bool, batch_first: bool, fmt: str) -> list:
+                    layers: int, bidirectional: bool, batch_first: bool, fmt: str,
+                    tf32: bool = False) -> list:
     """The bounds of torch.<kind>'s outputs (output, h_n and, for LSTM, c_n) by unrolling.
 
     Parameters
@@ -252,7 +280,7 @@ def recurrent_bound(kind: str, x: Interval, h0: Interval, c0: Interval | None, w
     h0, c0 : Interval, Interval or None
         The initial states' bounds, (layers * directions, N, H); c0 only for LSTM.
     weights : list
-        Per layer and direction, the weights as `_layer_weights` gives them.
+        Per layer and direction, the weights as `layer_weights` gives them.
     layers : int
         The number of stacked layers.
     bidirectional : bool
@@ -261,13 +289,15 @@ def recurrent_bound(kind: str, x: Interval, h0: Interval, c0: Interval | None, w
         Whether x and the output are (N, L, features).
     fmt : str
         The results' format.
+    tf32 : bool, default False
+        Whether a float32 layer's products may round their operands to TF32 (cuDNN).
 
     Returns
     -------
     list of Interval
         The output's bound, then h_n's (and c_n's).
     """
-    ctx = _Ctx(fmt)
+    ctx = _Ctx(fmt, tf32)
     if batch_first:
         x = mk(np.swapaxes(x.lo, 0, 1), np.swapaxes(x.hi, 0, 1))
     dirs = 2 if bidirectional else 1
@@ -328,9 +358,10 @@ def _rule(kind: str):
         else:
             h0, c0 = get(hx), None
         dirs = 2 if bidir else 1
-        ws = _layer_weights(list(params), get, bool(has_bias), kind, int(layers), dirs)
+        ws = layer_weights(list(params), get, bool(has_bias), kind, int(layers), dirs)
+        tf32 = x.device.type == "cuda" and bool(torch.backends.cudnn.allow_tf32)
         return recurrent_bound(kind, xb, h0, c0, ws, int(layers), bool(bidir),
-                               bool(batch_first), fmt)
+                               bool(batch_first), fmt, tf32)
     return rule
 
 

@@ -62,3 +62,22 @@ def test_rows_never_mix():
 def test_bad_prompts():
     with pytest.raises(ValueError, match="prompts"):
         decode(TinyDecoder.random(), np.zeros(3, dtype=int))
+
+
+def test_trainer_micro_batches_give_beta_at_the_same_precision():
+    from precisionlab.gpu.batching import score
+    model = TinyDecoder.random(seed=1)
+    prompts = np.random.default_rng(1).integers(0, 32, (64, 4))
+    comp = decode(model, prompts)
+    sampler = score(model, prompts, comp)  # the sampler's own batch of 64
+    assert np.all(sampler <= 0) and np.all(sampler > np.log(1 / 32))  # greedy: above uniform
+    trainer = score(model, prompts, comp, micro_batch=16)
+    beta = trainer - sampler
+    assert f"{(beta != 0).mean():.1%}" == "53.9%"
+    inv = decode(model, prompts, invariant=True)
+    b0 = (score(model, prompts, inv, micro_batch=16, invariant=True)
+          - score(model, prompts, inv, invariant=True))
+    assert not b0.any()
+    with pytest.raises(ValueError, match="shapes"):
+        score(model, prompts, comp[:3])
+

@@ -30,6 +30,7 @@ __all__ = [
     "batch_kernel",
     "decode",
     "partial_sums",
+    "score",
     "splits_for_batch",
 ]
 
@@ -100,21 +101,59 @@ def decode(model: TinyDecoder, prompts, steps: int = 32, *, invariant: bool = Fa
     if p.ndim != 2 or p.size == 0:
         raise ValueError(f"prompts must be a non-empty (batch, length) array; got shape {p.shape}")
     steps = check_positive_int(steps, "steps")
-    b, d = p.shape[0], model.w.shape[0]
+    b = p.shape[0]
 
     def mm(a, m, out):
         s = 1 if invariant else (splits or splits_for_batch(b, m.shape[1]))
         return run_matmul(a, m, batch_kernel(s, out=out))
 
+    completions, _ = _run(model, p, steps, None, mm, out)
+    return completions
+
+
+def _run(model, p, steps, forced, mm, out):
+    """The recurrence over prompt and completion: greedy tokens, or `forced` ones, and their logits."""
+    b, d = p.shape[0], model.w.shape[0]
     h = np.zeros((b, d))
-    completions = np.empty((b, steps), dtype=np.int64)
+    tokens = np.empty((b, steps), dtype=np.int64)
+    logits = np.empty((b, steps, model.u.shape[1]))
     tok = p[:, 0]
     for t in range(p.shape[1] + steps - 1):
         h = _softsign(mm(h, model.w, out) + model.embed[tok])
         if t + 1 < p.shape[1]:
             tok = p[:, t + 1]
             continue
-        logits = mm(h, model.u, "bfloat16")
-        tok = np.argmax(logits, axis=1)  # ties: the lowest token id
-        completions[:, t + 1 - p.shape[1]] = tok
-    return completions
+        k = t + 1 - p.shape[1]
+        logits[:, k] = mm(h, model.u, "bfloat16")
+        tok = np.argmax(logits[:, k], axis=1) if forced is None else forced[:, k]
+        tokens[:, k] = tok  # greedy ties: the lowest token id
+    return tokens, logits
+
+
+def score(model: TinyDecoder, prompts, completions, *, micro_batch: int | None = None,
+          invariant: bool = False) -> np.ndarray:
+    """log p(completion token) at every step, as a trainer recomputes it (teacher forcing).
+
+    The sequences are scored in micro-batches of `micro_batch` rows (default: all at once),
+    each with the kernels its own batch size picks (or one split for all, if invariant);
+    log-softmax of the bfloat16 logits in float64. Returns (batch, steps).
+    """
+    p = np.asarray(prompts, dtype=np.int64)
+    c = np.asarray(completions, dtype=np.int64)
+    if p.ndim != 2 or c.ndim != 2 or p.shape[0] != c.shape[0]:
+        raise ValueError(f"prompts and completions must be (batch, length) arrays of one batch; "
+                         f"got shapes {p.shape} and {c.shape}")
+    mb = p.shape[0] if micro_batch is None else check_positive_int(micro_batch, "micro_batch")
+    out = []
+    for i in range(0, p.shape[0], mb):
+        pi, ci = p[i:i + mb], c[i:i + mb]
+
+        def mm(a, m, fmt, b=pi.shape[0]):
+            s = 1 if invariant else splits_for_batch(b, m.shape[1])
+            return run_matmul(a, m, batch_kernel(s, out=fmt))
+
+        _, logits = _run(model, pi, ci.shape[1], ci, mm, "float32")
+        top = logits.max(axis=2, keepdims=True)
+        lse = top[..., 0] + np.log(np.exp(logits - top).sum(axis=2))
+        out.append(np.take_along_axis(logits, ci[..., None], axis=2)[..., 0] - lse)
+    return np.concatenate(out)

@@ -51,7 +51,9 @@ def _sums(world_size: int, order: str, fmt: str) -> np.ndarray:
 def collective_view(world_size: int = 4, order: str = "ring",
                     fmt: str = "float32") -> tuple[TextPanel, Figure]:
     """A 64-example batch's gradient at W ranks (order, fmt) against W = 1: shifts in ulps."""
-    check_choice(world_size, "world_size", COLLECTIVE_GRID["world_size"])
+    if world_size not in COLLECTIVE_GRID["world_size"] or isinstance(world_size, bool):
+        raise ValueError(f"world_size must be one of {COLLECTIVE_GRID['world_size']}; "
+                         f"got world_size={world_size!r}")
     check_choice(order, "order", COLLECTIVE_ORDERS)
     f = get_format(fmt)
     check_choice(f.name, "fmt", COLLECTIVE_GRID["fmt"])

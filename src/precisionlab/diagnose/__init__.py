@@ -8,7 +8,7 @@
   two precision settings.
 * `triage(reference, target, inputs)` - round-off or bug? The target's torch operations,
   traced as they run, bounded op by op with `precisionlab.intervals`; Type-I or Type-II
-  with the operation to blame.
+  with the operation to blame, the likely culprit, and the smallest bug it could have seen.
 * `determinism(fn, inputs)` - which outputs and gradients change with the thread count or
   the deterministic-algorithm flags, and by how many ulps.
 
@@ -21,9 +21,12 @@ Files: `batch` (that normalisation, shared by the four), `report`, `gradients` (
 shares and table under a scaling recipe) and `scale_view` (the picture and alt text of its
 loss-scale view), `mismatch`, `determinism`; triage's `triage` (tracing, verdict),
 `triage_report` (`TriageReport`: summary, table, plot), `opcheck` (each paired operation's
-check), `shown` (the tensor a check's element indexes) and `pairing` (which operations
-compare, and the bounds that pairing decides). The interval rules triage bounds each
-operation with live in `precisionlab.intervals.torch_ops`, imported by its public names.
+check), `shown` (the tensor a check's element indexes), `pairing` (which operations
+compare, and the bounds that pairing decides), `blame` (a failed check's suspects and culprit,
+differing operation counts), `floors` (the smallest scaling of a module's output a check sees)
+and `logic` (the second pass: a low-precision module's program at the reference's precision).
+The interval rules triage bounds each operation with live in `precisionlab.intervals.torch_ops`,
+imported by its public names.
 """
 
 from ..intervals.torch_ops import supported

@@ -4,6 +4,7 @@ bound, the worst element, its margin and the bound's width; and the bounds consu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ import torch
 
 from .. import intervals as iv
 from ..intervals import torch_ops as bd
+from .floors import detection_floor
 
 __all__ = ["OpCheck", "check", "check_any", "check_hull", "check_inside", "check_values", "empty",
            "hull", "union", "values"]
@@ -58,6 +60,13 @@ class OpCheck:
         "" when element indexes the operation's own output; else the tensor the user's
         code holds that the value is at ("the output of module 'mha' (MultiheadAttention)"),
         or a note that it is internal.
+    floor : float
+        The detection floor, at a module's or the program's output: the smallest d such
+        that that output scaled by 1 + d or 1 - d (a bug in the module) would have put a
+        reference value outside the scaled bound (`floors` defines it); 0 for a Type-II
+        check, inf where no entry can show a scaling. NaN elsewhere: a bug inside a module
+        changes what its later operations are paired with, so it is checked only at the
+        module's output, not where it happens.
     """
 
     index: int  # the operation's position in the target's trace
@@ -79,6 +88,7 @@ class OpCheck:
     # code never sees that output (inside a torch module), the tensor it holds that the value
     # is at, "the output of module 'mha' (MultiheadAttention)", or else that it is internal
     of: str = ""
+    floor: float = math.nan  # the smallest relative scaling of the output the check would see
 
     @property
     def score(self) -> float:
@@ -116,40 +126,65 @@ def values(ref: torch.Tensor, tgt: torch.Tensor) -> tuple[np.ndarray, np.ndarray
 
 
 def check_values(index, op, bound: iv.Interval, ref: torch.Tensor, tgt: torch.Tensor,
-                 exact: bool, keep: bool) -> tuple[OpCheck, iv.Interval | None]:
-    """`check` of the two programs' tensors, and (keep) their `hull`, in one compiled pass."""
+                 exact: bool, keep: bool, fmt: str | None = None
+                 ) -> tuple[OpCheck, iv.Interval | None]:
+    """`check` of the two programs' tensors, and (keep) their `hull`, in one compiled pass;
+    fmt: the coarsest format bounded in, for the check's detection floor (None: not computed)."""
     r, t = values(ref, tgt)
     lo, hi = bound.lo, bound.hi
     if not (lo.size and lo.shape == hi.shape == r.shape == t.shape):
         r, t = r.astype(np.float64), t.astype(np.float64)
-        return check(index, op, bound, r, t, exact), (hull(t, r) if keep else None)
+        return _floored(check(index, op, bound, r, t, exact), bound.lo, bound.hi, r, fmt), (
+            hull(t, r) if keep else None)
     h_lo, h_hi = (np.empty(r.shape), np.empty(r.shape)) if keep else (_NONE, _NONE)
-    flat, m, w = bd.inside_worst(bd.flat(lo), bd.flat(hi), _flat(r), _flat(t), keep,
-                                 h_lo.reshape(-1), h_hi.reshape(-1))
+    flo, fhi, fr = bd.flat(lo), bd.flat(hi), _flat(r)
+    flat, m, w = bd.inside_worst(flo, fhi, fr, _flat(t), keep, h_lo.reshape(-1),
+                                 h_hi.reshape(-1))
     if flat >= 0:  # every value inside, none NaN: the hull needs no check
-        return _inside(index, op, lo, hi, r, t, exact, flat, m, w), (
+        floor = math.nan if fmt is None else detection_floor(flo, fhi, fr, fmt)
+        return _inside(index, op, lo, hi, r, t, exact, flat, m, w, floor), (
             bd.bare(h_lo, h_hi) if keep else None)
-    return check_any(index, op, lo, hi, r, t, exact), (bd.mk(h_lo, h_hi) if keep else None)
+    return _floored(check_any(index, op, lo, hi, r, t, exact), lo, hi, r, fmt), (
+        bd.mk(h_lo, h_hi) if keep else None)
+
+
+def _floored(c: OpCheck, lo, hi, ref, fmt: str | None) -> OpCheck:
+    """c with its detection floor (0 for Type-II; NaN where fmt is None, or lo and hi do not
+    broadcast to ref's shape)."""
+    if fmt is None or not c.numel:
+        return c
+    if c.verdict == "Type-II":
+        return dataclasses.replace(c, floor=0.0)
+    try:
+        lo, hi = (np.broadcast_to(z, np.shape(ref)) for z in (lo, hi))
+    except ValueError:
+        return c
+    return dataclasses.replace(c, floor=detection_floor(lo, hi, ref, fmt))
 
 
 _NONE = np.zeros(1)
 
 
-def check_hull(index, op, ref: torch.Tensor, tgt: torch.Tensor) -> tuple[OpCheck, iv.Interval]:
+def check_hull(index, op, ref: torch.Tensor, tgt: torch.Tensor, fmt: str | None = None
+               ) -> tuple[OpCheck, iv.Interval]:
     """`check_values` where the bound is the hull of the two programs' values (an exact operation
-    on paired inputs: the same gather of their hull), and that hull, in one compiled pass."""
+    on paired inputs: the same gather of their hull), and that hull, in one compiled pass; fmt:
+    as for `check_values`."""
     r, t = values(ref, tgt)
     h_lo, h_hi = np.empty(r.shape), np.empty(r.shape)
     if not h_lo.size:
         b = bd.bare(h_lo, h_hi)
         return check(index, op, b, r.astype(np.float64), t.astype(np.float64), True), b
     # the kernel writes the hull before it reads the bound
-    flat, m, w = bd.inside_worst(h_lo.reshape(-1), h_hi.reshape(-1), _flat(r), _flat(t), True,
+    fr = _flat(r)
+    flat, m, w = bd.inside_worst(h_lo.reshape(-1), h_hi.reshape(-1), fr, _flat(t), True,
                                  h_lo.reshape(-1), h_hi.reshape(-1))
     if flat >= 0:
-        return _inside(index, op, h_lo, h_hi, r, t, True, flat, m, w), bd.bare(h_lo, h_hi)
+        floor = math.nan if fmt is None else detection_floor(h_lo, h_hi, fr, fmt)
+        return _inside(index, op, h_lo, h_hi, r, t, True, flat, m, w, floor), bd.bare(h_lo,
+                                                                                       h_hi)
     b = bd.mk(h_lo, h_hi)
-    return check_any(index, op, b.lo, b.hi, r, t, True), b
+    return _floored(check_any(index, op, b.lo, b.hi, r, t, True), b.lo, b.hi, r, fmt), b
 
 
 def empty(index, op, shape, exact: bool = False) -> OpCheck:
@@ -160,7 +195,7 @@ def empty(index, op, shape, exact: bool = False) -> OpCheck:
                    tuple(shape))
 
 
-def _inside(index, op, lo, hi, ref, tgt, exact, flat, m, w) -> OpCheck:
+def _inside(index, op, lo, hi, ref, tgt, exact, flat, m, w, floor=math.nan) -> OpCheck:
     """The Type-I check from `bd.inside_worst`'s worst entry (flat index), margin and width."""
     el, rest = [], int(flat)  # np.unravel_index(flat, lo.shape), in C order
     for n in reversed(lo.shape):
@@ -169,7 +204,7 @@ def _inside(index, op, lo, hi, ref, tgt, exact, flat, m, w) -> OpCheck:
     f = int(flat)  # ndarray.item(f): the entry at C-order position f, as a Python float
     return OpCheck(index, op, "Type-I", 0, int(lo.size), tuple(reversed(el)),
                    math.inf if math.isnan(m) else m, w, lo.item(f), hi.item(f), ref.item(f),
-                   tgt.item(f), 0, exact, tuple(lo.shape))
+                   tgt.item(f), 0, exact, tuple(lo.shape), "", floor)
 
 
 def check(index, op, bound: iv.Interval, ref: np.ndarray, tgt: np.ndarray,

@@ -136,8 +136,9 @@ def _plain(args: tuple) -> bool:
     return True
 
 
-def _leaves_agree(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Two leaf tensors hold the same values up to one rounding into the coarser format."""
+def leaves_agree(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two leaf tensors hold the same values up to one rounding into the coarser format
+    (equal bit patterns there, or equal values with NaN in the same places)."""
     if x is y:
         return True
     if x.shape != y.shape:
@@ -175,7 +176,7 @@ def same_call(rec, p, corr: dict):
             if x.is_floating_point():
                 sx, sy = rec.src.get(id(x)), p.src.get(id(y))
                 if sx is None and sy is None:
-                    if not _leaves_agree(x, y):
+                    if not leaves_agree(x, y):
                         why = why or f"{_literal(x)} differs"
                         continue
                     pairs[(rec.index, id(x))] = y

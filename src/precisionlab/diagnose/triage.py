@@ -25,7 +25,8 @@ array of the weight's size. Each bound is the union over the target's and the re
 output formats (an unpaired operation: the coarsest format the reference uses). A mask or index computed from float values (x > 0,
 argmax) may differ in the reference: an unpaired operation using one takes either choice.
 Type-II: some paired reference value lies outside. Unpaired operations are propagated, not
-checked, and are named as suspects (with the argument that differs) when the next check fails.
+checked; a failed check's suspects, culprit and differing operation counts are `blame`'s, the
+detection floors at module outputs `floors`', the logic pass of a low-precision module `logic`'s.
 What an operation's consumers read is held only until its last consumer has been bounded.
 A check's worst element indexes a tensor the user's code holds (`shown`): an operation inside a
 torch module (F.multi_head_attention_forward on the (L, N, E) transposes of a batch-first
@@ -56,6 +57,9 @@ from torch.overrides import TorchFunctionMode
 from .. import intervals as iv
 from ..intervals import torch_ops as bd
 from .batch import as_inputs, call, for_program, output_tensors, tensors
+from .blame import Blame, count_differences, explain
+from .floors import widest
+from .logic import with_logic_pass
 from .opcheck import OpCheck, check_hull, check_values, union
 from .pairing import (
     coarser,
@@ -430,7 +434,8 @@ def _kernel_mm(rec, get, kernel: iv.Kernel, fmt: str) -> list:
 
 
 def triage(reference, target, inputs, kernels: Mapping | None = None,
-           output: str | None = None, cast_inputs: bool = False) -> TriageReport:
+           output: str | None = None, cast_inputs: bool = False,
+           logic_pass: bool | None = None) -> TriageReport:
     """Type-I if every paired reference value lies in the target's bound (each operation bounded
     from the hull of both programs' values at paired inputs, the union over both output
     formats), else Type-II, blaming the first operation whose bound misses (see the module
@@ -468,19 +473,26 @@ def triage(reference, target, inputs, kernels: Mapping | None = None,
         Give each program the inputs' floating tensors cast to its own parameter dtype
         (`batch.param_dtype`): triage(model, model_bf16, images, cast_inputs=True). Without
         it a bfloat16 target that fails on float32 inputs raises a ValueError saying so.
+    logic_pass : bool or None, default None
+        The pass that separates logic from precision (`logic`; report.logic): the target's
+        program at the reference's precision, for a target nn.Module whose parameters are
+        all bfloat16 or all float16 beside a float32/float64 reference nn.Module. None: run
+        where possible and the first pass is Type-I (a second triage's cost); True: run
+        whatever the verdict, or say why not (report.logic_note); False: never.
 
     Returns
     -------
     TriageReport
-        The verdict ("Type-I" or "Type-II"), every check in trace order, the blamed
-        operation and the unchecked operations just before it.
+        The verdict, every check in trace order (with detection floors), the blamed operation,
+        its ranked suspects and likely culprit, differing operation counts, the logic pass.
 
     Raises
     ------
     ValueError
         If reference or target is not callable, kernels is not a mapping to Kernel,
         inputs is not a tensor, a tuple or a dict, output is not a field of the programs'
-        dict output, or the two programs return outputs of different shapes.
+        dict output, logic_pass is not True, False or None, or the two programs return
+        outputs of different shapes.
     UnsupportedOperation
         If the target runs an operation no interval rule bounds (`supported` lists those
         that have one), or takes a float value out of torch (item, tolist, float).
@@ -526,6 +538,9 @@ def triage(reference, target, inputs, kernels: Mapping | None = None,
     ins = as_inputs(inputs, "inputs")
     if output is not None and not isinstance(output, str):
         raise ValueError(f"output must be the name of an output field or None; got {output!r}")
+    if not isinstance(logic_pass, (bool, type(None))):
+        raise ValueError(f"logic_pass must be True, False or None (automatic); got "
+                         f"logic_pass={logic_pass!r}")
     rt = trace(reference, for_program(reference, ins, cast_inputs), "reference", output=output)
     tt = trace(target, for_program(target, ins, cast_inputs), "target", output=output)
     if len(rt.outputs) != len(tt.outputs) or any(a.shape != b.shape for a, b in
@@ -596,8 +611,6 @@ def triage(reference, target, inputs, kernels: Mapping | None = None,
     last = {src: rec.index for rec in tt.records for src in rec.src.values() if src is not None}
     held: dict = {}
     checks = []
-    unchecked: list[str] = []
-    suspects: tuple = ()
     declared = []
     # the boxes of small paired vectors (biases, norm weights), all in a few compiled passes
     small = [((r.index, id(t)), t, leafpair[(r.index, id(t))]) for r in tt.records for t in r.ins
@@ -628,6 +641,7 @@ def triage(reference, target, inputs, kernels: Mapping | None = None,
                 fmts = coarser(fmts[0], ref_fmt[rec.index])
         else:
             fmts = coarsest({fmts[0]} | ref_fmts)
+        ffmt = fmts[0] if len(fmts) == 1 else widest(fmts)  # for the detection floors
         dd = rec.index not in matched and any(id(t) in tt.dd for t in rec.ins)
         if _on_hulls(rec, matched, anchor, by_key.get(keyf(rec))):
             bs = None  # each output checked against the hull of both programs' outputs
@@ -659,25 +673,27 @@ def triage(reference, target, inputs, kernels: Mapping | None = None,
             else:
                 label = op + (f"[{j}]" if len(rec.outs) > 1 else "")
                 if b is None:
-                    c, h = check_hull(rec.index, label, anchor[(rec.index, j)], o)
+                    c, h = check_hull(rec.index, label, anchor[(rec.index, j)], o,
+                                      ffmt if (rec.index, j) in contract else None)
                     h = h if (rec.index, j) in last else None
                 else:
                     c, h = check_values(rec.index, label, b, anchor[(rec.index, j)], o,
-                                        rec.name in bd.EXACT, (rec.index, j) in last)
+                                        rec.name in bd.EXACT, (rec.index, j) in last,
+                                        ffmt if (rec.index, j) in contract else None)
                 if h is not None:
                     held[(rec.index, j)] = h
                 checks.append(shown.apply(c, rec.index, j))
-                if c.verdict == "Type-II" and not suspects and not any(
-                        x.verdict == "Type-II" for x in checks[:-1]):
-                    suspects = tuple(unchecked)
-                unchecked = []
-        if not any((rec.index, j) in anchor for j in range(len(rec.outs))):
-            why = differs.get(rec.index)
-            unchecked.append(f"#{rec.index} {op}" + (f" (differs from the reference: {why})"
-                                                     if why else ""))
         for src in set(rec.src.values()) - {None}:
             if last[src] == rec.index:
                 del held[src]
-    verdict = "Type-II" if any(c.verdict == "Type-II" for c in checks) else "Type-I"
-    return TriageReport(verdict, tuple(checks), suspects[-6:], len(tt.records), len(checks),
-                        tuple(declared), branches=len(rt.branches) + len(tt.branches))
+    # the suspects of the first failed check, ranked, and differing operation counts (`blame`)
+    counts = count_differences(rt.records, tt.records, paths)
+    bad = next((c for c in checks if c.verdict == "Type-II"), None)
+    found = Blame((), "") if bad is None else explain(
+        tt.records, rt.records, bad.index, anchor, keyf, differs, _op_label, counts)
+    report = TriageReport(
+        "Type-I" if bad is None else "Type-II", tuple(checks), found.suspects, len(tt.records),
+        len({c.index for c in checks}), tuple(declared), branches=len(rt.branches) +
+        len(tt.branches), culprit=found.culprit, differences=tuple(c.text for c in counts))
+    return with_logic_pass(report, logic_pass, reference, target, ins, lambda r, t, i: triage(
+        r, t, i, kernels, output, cast_inputs, logic_pass=False))

@@ -4,14 +4,16 @@ summary (the blamed operation, its worst element, the unchecked operations befor
 
 from __future__ import annotations
 
+import math
 import textwrap
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..tables import Table
+from .floors import format_floor, worst_floor
 from .opcheck import OpCheck
-from .report import Report, new_axes, rows_fit, short
+from .report import Report, new_axes, short
 
 __all__ = ["TriageReport"]
 
@@ -29,16 +31,33 @@ class TriageReport(Report):
     checks : tuple of OpCheck
         One per paired operation, in the target's trace order.
     suspects : tuple of str
-        Unpaired target operations just before the first Type-II check (propagated, not
-        checked), with the argument that differs.
+        Every unchecked target operation the first Type-II check depends on, back to the
+        last checked values (propagated, not checked): those whose call differs from the
+        reference's counterpart first, with what differs, then the rest in trace order.
     operations : int
         Target operations traced.
     paired : int
-        Operations checked against the reference.
+        Target operations with at least one output checked against the reference (at most
+        `operations`; an operation with several outputs has a check per output, so
+        len(checks) may be larger).
     kernels : tuple
         (operation, kernel description) for each declared kernel used.
     branches : int
         Python branches the two programs took on tensor values (bool(x > 0), ...).
+    culprit : str
+        The likely cause of a Type-II verdict when the evidence points to one: the first of
+        the blamed operation and its suspects whose call differs from the reference's
+        (a constant, a mask, a weight), with both values; else an operation the target
+        runs missing or extra just before the blamed one; else "".
+    differences : tuple of str
+        Modules where the two programs run a different number of operations, with the
+        operation missing or extra and where (any verdict).
+    logic : TriageReport or None
+        The logic pass: the target's own program run at the reference's precision (a copy
+        of a low-precision target module cast up) triaged against the reference with the
+        parameters rounded as the target's were; None when it was not run.
+    logic_note : str
+        Why the logic pass was not run, when it was asked for; "" otherwise.
 
     Examples
     --------
@@ -63,12 +82,16 @@ class TriageReport(Report):
 
     verdict: str
     checks: tuple
-    suspects: tuple  # unpaired target operations just before the first Type-II check
+    suspects: tuple  # unchecked target operations the first Type-II check depends on, ranked
     operations: int  # target operations traced
-    paired: int
+    paired: int  # target operations with a checked output
     kernels: tuple  # (operation, kernel description) declared
     title: str = "round-off or bug"
     branches: int = 0  # Python branches the two programs took on tensor values
+    culprit: str = ""  # the likely cause, when the evidence points to one
+    differences: tuple = ()  # modules running a different number of operations, in words
+    logic: TriageReport | None = None  # the target's program at the reference's precision
+    logic_note: str = ""  # why the logic pass asked for was not run
 
     @property
     def blamed(self) -> OpCheck | None:
@@ -84,39 +107,72 @@ class TriageReport(Report):
         return min(scored, key=lambda c: c.score, default=None)
 
     @property
+    def floor_at(self) -> OpCheck | None:
+        """The check with the largest detection floor (`OpCheck.floor`), or None."""
+        return worst_floor(self.checks)
+
+    @property
+    def floor(self) -> float:
+        """The largest detection floor along the checked path: a bug that scales any checked
+        operation's output by 1 + d or 1 - d with d above it would have been Type-II (NaN
+        when no check has a floor)."""
+        c = self.floor_at
+        return c.floor if c is not None else float("nan")
+
+    @property
     def unsound(self) -> tuple:
         """Checks where the target's own value left its bound (the kernel model was violated)."""
         return tuple(c for c in self.checks if c.self_outside)
 
     def summary(self) -> str:
-        """The verdict, where, and by how much.
+        """The verdict, where, by how much, what to suspect and what the checks could not see.
 
         Returns
         -------
         str
-            The verdict and the counts; for Type-II the blamed operation, its worst element
-            and how many bound widths outside it lies, and the unchecked operations before
-            it; for Type-I the check closest to an edge; warnings when the kernel model was
-            exceeded or the programs branched on tensor values.
+            The verdict and the counts (operations traced, how many of them checked, and the
+            outputs checked where an operation has several); for Type-II the blamed operation,
+            its worst element and how many bound widths outside it lies, the likely cause
+            when the evidence points to one, and every unchecked operation it depends on; for
+            Type-I the check closest to an edge and the largest detection floor; modules that
+            run a different number of operations; the logic pass's verdict; warnings when the
+            kernel model was exceeded or the programs branched on tensor values.
         """
-        lines = [f"{self.verdict}: {self.operations} target operations traced, {self.paired} "
-                 f"checked against the reference"]
+        n = len(self.checks)
+        outs = f" ({n} outputs)" if n != self.paired else ""
+        lines = _wrap(f"{self.verdict}: {self.operations} target operations traced, "
+                      f"{self.paired} of them checked against the reference{outs}")
+        lines += self._logic_lines()
         b = self.blamed
         if b is not None:
-            lines.append(f"blamed: #{b.index} {b.op} ({b.outside} of {b.numel} reference "
-                         "values outside)")
+            lines += _wrap(f"blamed: #{b.index} {b.op} ({b.outside} of {b.numel} reference "
+                           "values outside)")
             of = f" of {b.of}, shape {b.shape}" if b.of else ""  # not the op's own output
             worst = (f"  worst at {b.element}{of}: reference {b.reference:.6g} outside "
                      f"[{b.lo:.6g}, {b.hi:.6g}]")
             lines += textwrap.wrap(worst, 80, subsequent_indent="    ") if of else [worst]
             lines.append(f"  by {b.widths_outside:.3g} bound widths")
+            if self.culprit:
+                lines += _wrap("likely cause: " + self.culprit)
             if self.suspects:
-                lines += textwrap.wrap("unchecked operations before it: " +
-                                       ", ".join(self.suspects), 80, subsequent_indent="  ")
+                lines += _wrap(f"unchecked operations it depends on ({len(self.suspects)}): " +
+                               ", ".join(self.suspects))
         elif self.deciding is not None:
             d = self.deciding
-            lines.append(f"closest to an edge: #{d.index} {d.op}, margin {d.margin:.3g} of "
-                         f"width {d.width:.3g}")
+            lines += _wrap(f"closest to an edge: #{d.index} {d.op}, margin {d.margin:.3g} of "
+                           f"width {d.width:.3g}")
+        if b is None and self.floor_at is not None:
+            f = self.floor_at
+            lines += _wrap(
+                f"detection floor: no bug scaling a module's output by 1 +- d with d larger "
+                f"than {format_floor(f.floor)} would have passed; the largest floor is at "
+                f"#{f.index} {f.op}")
+        diffs = [d for d in self.differences if d != self.culprit]
+        for k, d in enumerate(diffs):
+            if k == 2:
+                lines.append(f"  ... {len(diffs) - 2} more (report.differences)")
+                break
+            lines += _wrap(("operation counts differ: " if k == 0 else "  ") + d)
         if self.unsound:
             lines.append(f"warning: {len(self.unsound)} operations exceeded the assumed kernel "
                          "model (declare their Kernel); the verdict is not rigorous")
@@ -126,6 +182,21 @@ class TriageReport(Report):
                 "of a float-derived tensor); had they branched differently, the checks after it "
                 "compare different computations", 80, subsequent_indent="  ")
         return "\n".join(lines)
+
+    def _logic_lines(self) -> list:
+        """The summary's lines on the logic pass (none when it was not asked for or run)."""
+        lg = self.logic
+        if lg is None:
+            return _wrap("logic pass not run: " + self.logic_note) if self.logic_note else []
+        lines = _wrap(f"logic pass (the target's program at the reference's precision): "
+                      f"{lg.verdict}" + (f", blamed #{lg.blamed.index} {lg.blamed.op}"
+                                         if lg.blamed is not None else ""))
+        if lg.culprit:
+            lines += _wrap("  likely cause: " + lg.culprit)
+        if lg.verdict == "Type-II" and self.verdict == "Type-I":
+            lines += _wrap("  the program's logic differs from the reference's, and the "
+                           "target's round-off hid it (report.logic has the details)")
+        return lines
 
     def table(self, limit: int = 16) -> Table:
         """One row per check (Type-II first, then the tightest): op, verdict, outside, margin/width.
@@ -139,15 +210,18 @@ class TriageReport(Report):
         -------
         Table
             Columns op (the trace index), where, verdict, outside (entries outside / all),
-            margin and width at the worst element.
+            margin and width at the worst element, and floor (`OpCheck.floor`; "-" where
+            it is not computed).
         """
         bad = [c for c in self.checks if c.verdict == "Type-II"]
         good = sorted((c for c in self.checks if c.verdict != "Type-II"),
                       key=lambda c: (c.exact, c.score))
-        rows = [[f"#{c.index}", short(c.op, 34), c.verdict, f"{c.outside}/{c.numel}",
-                 f"{c.margin:.2e}", f"{c.width:.2e}"] for c in bad + good]
-        return Table(["op", "where", "verdict", "outside", "margin", "width"],
-                     rows_fit(rows, limit))
+        rows = [[f"#{c.index}", short(c.op, 26), c.verdict, f"{c.outside}/{c.numel}",
+                 f"{c.margin:.1e}", f"{c.width:.1e}",
+                 "-" if math.isnan(c.floor) else f"{c.floor:.1e}"] for c in bad + good]
+        if len(rows) > limit:  # the note in the wide column, so that the first stays narrow
+            rows = [*rows[:limit], ["", f"(+{len(rows) - limit} more)", *[""] * 5]]
+        return Table(["op", "where", "verdict", "outside", "margin", "width", "floor"], rows)
 
     def plot(self, ax=None):
         """Per checked operation: the reference's margin in half-widths of the bound (below 0: outside).
@@ -177,3 +251,8 @@ class TriageReport(Report):
         ax.set_ylabel("margin / half-width")
         ax.legend(fontsize=7, loc="lower left")
         return ax
+
+
+def _wrap(text: str) -> list:
+    """text in lines of at most 80 characters, continued with an indent of two."""
+    return textwrap.wrap(text, 80, subsequent_indent="  ", break_on_hyphens=False)

@@ -454,7 +454,11 @@ class Watch:
             self._handles.append(m.register_forward_hook(
                 partial(self._forward_hook, path, leaf), with_kwargs=True))
         for n, p in self._root.named_parameters():
-            if p.requires_grad:
+            # a float32 parameter's gradient is checked in the backward only under a scaler
+            # (autocast's float16 products); else through the activations' gradients, and a
+            # weight an inf/NaN gradient reached is named at the next forward
+            wide = p.dtype in (torch.float32, torch.float64) and self.scaler is None
+            if p.requires_grad and not wide:
                 try:
                     self._handles.append(p.register_hook(partial(self._param_hook, n)))
                 except RuntimeError:  # a parameter autograd does not see (sharded): skipped

@@ -124,6 +124,29 @@ def test_planted_conv_bug_of_a_few_bound_widths(factor, caught):
         assert rep.blamed.outside == 1 and rep.blamed.widths_outside > 1
 
 
+def test_tf32_convolution_operands_are_inside_the_tf32_bound_only():
+    """cuDNN's float32 convolutions round their operands to TF32 when allow_tf32 is on (the
+    default): conv_bound(tf32=True) holds the exact convolution of operands rounded to TF32 in
+    any direction, which falls outside the float32 bound."""
+    from precisionlab.rounding import round_to
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 4, 7, 7, generator=g)
+    w = torch.randn(6, 4, 3, 3, generator=g)
+    b = torch.randn(6, generator=g)
+    xi, wi, bi = (B.leaf(t) for t in (x, w, b))
+    plain = L.conv_bound(xi, wi, bi, (1, 1), 1, (1, 1), 1, "float32", 2)
+    tf32 = L.conv_bound(xi, wi, bi, (1, 1), 1, (1, 1), 1, "float32", 2, tf32=True)
+    outside = 0
+    for mode in ("nearest_away", "toward_zero", "up", "down"):
+        xt, wt = (torch.from_numpy(np.asarray(round_to(t.numpy(), "tf32", mode))).double()
+                  for t in (x, w))
+        exact = F.conv2d(xt, wt, b.double(), padding=1).numpy()  # float64: within bounds
+        assert ((tf32.lo <= exact) & (exact <= tf32.hi)).all(), mode
+        outside += int(((exact < plain.lo) | (exact > plain.hi)).sum())
+    assert outside > 0  # the TF32 term is needed
+
+
 # ----------------------------------------------------------------------------- attention
 
 

@@ -63,20 +63,29 @@ def _r_conv(nd: int):
         b = arg(a, rec.kwargs, 2, "bias")
         stride, padding, dilation, groups = (arg(a, rec.kwargs, i, n, d) for i, n, d in (
             (3, "stride", 1), (4, "padding", 0), (5, "dilation", 1), (6, "groups", 1)))
+        # cuDNN may round a float32 convolution's operands to TF32 (allow_tf32, on by default)
+        tf32 = (fmt == "float32" and a[0].device.type == "cuda"
+                and bool(torch.backends.cudnn.allow_tf32))
         return [conv_bound(x, w, get(b) if is_tensor(b) else None, _pairs(stride, nd), padding,
-                           _pairs(dilation, nd), int(groups), fmt, nd)]
+                           _pairs(dilation, nd), int(groups), fmt, nd, tf32)]
     return rule
 
 
 def conv_bound(x: Interval, w, bias, stride, padding, dilation, groups: int, fmt: str,
-               nd: int) -> Interval:
+               nd: int, tf32: bool = False) -> Interval:
     """conv1d / conv2d of x (N, C, *spatial) or unbatched (C, *spatial) with w (O, C/groups,
-    *kernel): y = sum over C/groups * kernel entries of x w, bounded as a matrix product."""
+    *kernel): y = sum over C/groups * kernel entries of x w, bounded as a matrix product.
+    tf32: the operands may be rounded to TF32 first, in any direction (cuDNN's float32
+    convolutions on CUDA with torch.backends.cudnn.allow_tf32, its default): both rounded
+    outward into tf32, the products then exact in float32's accumulation as before."""
     batched = x.ndim == nd + 2
     kern = tuple(w.shape[2:])
     if fmt != "float64":  # autocast: operands rounded into the output's format first
         x = round_into(x, fmt)
         bias = None if bias is None else round_into(bias, fmt)
+    operands = "tf32" if tf32 else fmt
+    if tf32:
+        x = round_into(x, "tf32")
     k = (w.shape[1]) * int(np.prod(kern))
     g64 = gamma(k + 4, 2.0**-53)
     xm, xr = products.midrad(x, g64)
@@ -103,12 +112,12 @@ def conv_bound(x: Interval, w, bias, stride, padding, dilation, groups: int, fmt
             for t in (xm, xr)]  # (N, L, C kh kw): an exact gather
     o = w.shape[0]
     og, ck = o // groups, k
-    rr = w.radius(fmt) if isinstance(w, products.Leaf) else None
+    rr = w.radius(operands) if isinstance(w, products.Leaf) else None
     if rr is not None:
         wm, wr = w.t.reshape(o, ck), None
     else:
         box = w.box() if isinstance(w, products.Leaf) else w
-        box = round_into(box, fmt) if fmt != "float64" else box
+        box = round_into(box, operands) if fmt != "float64" else box
         wm, wr = (z.reshape(o, ck) for z in products.midrad(box, g64))
     parts = []
     with np.errstate(invalid="ignore", over="ignore"):

@@ -16,6 +16,7 @@ from ..interval import Interval
 from . import fused, kernels
 from .arith import (
     ABS_SLACK,
+    UnsupportedOperation,
     bare,
     down,
     gamma,
@@ -27,8 +28,44 @@ from .arith import (
     up,
 )
 
-__all__ = ["Leaf", "box_products", "close_products", "leaf_products", "midrad", "mm",
-           "upper_product"]
+__all__ = ["TF32_OPERANDS", "Leaf", "box_products", "close_products", "cuda_operand_rel",
+           "leaf_products", "midrad", "mm", "upper_product"]
+
+# Both operands of a product rounded to TF32 (10 fraction bits) in any direction: relative
+# error of the product at most (1 + 2^-10)^2 - 1 (NVIDIA's conversion rounds to nearest or
+# truncates, by kernel; either is inside).
+TF32_OPERANDS = (1 + 2.0**-10) ** 2 - 1
+
+
+def cuda_operand_rel(t: torch.Tensor, fmt: str) -> float:
+    """The extra relative error per product a CUDA GEMM on t's device may add beyond the kernel
+    model of `rules` (IEEE products, float32 accumulation): TF32 operands for float32 when
+    torch.backends.cuda.matmul allows TF32 (torch.set_float32_matmul_precision("high"));
+    0 on the CPU.
+
+    Raises UnsupportedOperation for float16/bfloat16 GEMMs on CUDA while cuBLAS may reduce
+    split-K partial sums in that format (allow_fp16/bf16_reduced_precision_reduction, on by
+    default): partials rounded to 16 bits can overflow or flush where a float32 sum does not,
+    which the float32-inside model does not bound."""
+    if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
+        return 0.0
+    m = torch.backends.cuda.matmul
+    if fmt == "float32":
+        tf32 = bool(getattr(m, "allow_tf32", False))
+        try:
+            tf32 = tf32 or getattr(m, "fp32_precision", "ieee") == "tf32"
+        except RuntimeError:  # a torch that refuses to mix the old and new switches
+            pass
+        return TF32_OPERANDS if tf32 else 0.0
+    flag = {"float16": "allow_fp16_reduced_precision_reduction",
+            "bfloat16": "allow_bf16_reduced_precision_reduction"}.get(fmt)
+    if flag is not None and bool(getattr(m, flag, False)):
+        raise UnsupportedOperation(
+            f"a {fmt} matrix product on CUDA with torch.backends.cuda.matmul.{flag} = True "
+            "may round cuBLAS's split-K partial sums to 16 bits, which triage's kernel model "
+            f"(float32 accumulation) does not bound; set it to False for the triage run, or "
+            "declare the kernel with triage(..., kernels={...: intervals.Kernel(...)})")
+    return 0.0
 
 
 class Leaf:

@@ -58,6 +58,7 @@ from .arith import (
     widen_abs,
     widen_rel,
 )
+from .products import TF32_OPERANDS
 
 __all__ = ["RECURRENT_RULES", "layer_weights", "recurrent_bound"]
 
@@ -72,7 +73,7 @@ class _Ctx:
 
     def __init__(self, fmt: str, tf32: bool = False):
         self.fmt = fmt
-        self.operand = 2 * 2.0**-11 * (1 + 2.0**-11) if tf32 and fmt == "float32" else 0.0
+        self.operand = TF32_OPERANDS if tf32 and fmt == "float32" else 0.0  # any direction
         self.inner = internal(fmt)
         f = get_format(self.inner)
         self.u, self.tiny = f.unit_roundoff, get_format("float32").min_normal

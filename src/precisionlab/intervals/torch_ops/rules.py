@@ -71,7 +71,7 @@ from .arith import (
 from .channel_norms import NORM_RULES
 from .layers import LAYER_RULES
 from .pooling import POOL_RULES
-from .products import Leaf, mm
+from .products import Leaf, cuda_operand_rel, mm
 from .recurrent import RECURRENT_RULES
 from .rows import rule_cross_entropy, rule_layer_norm, rule_rms_norm, rule_softmax, rule_sum
 from .trig import TRIG_RULES
@@ -313,7 +313,8 @@ def _add_fused(A: Interval, B: Interval, minus: bool, fmt: str) -> Interval | No
 def _r_linear(rec, get, fmt):
     x, w = get(rec.args[0]), lazy(get, arg(rec.args, rec.kwargs, 1, "weight"))
     b = arg(rec.args, rec.kwargs, 2, "bias")
-    return [mm(x, w, get(b) if is_tensor(b) else None, fmt, b_t=True)]
+    return [mm(x, w, get(b) if is_tensor(b) else None, fmt, b_t=True,
+               operand_rel=cuda_operand_rel(rec.args[0], fmt))]
 
 
 def _r_matmul(rec, get, fmt):
@@ -322,14 +323,14 @@ def _r_matmul(rec, get, fmt):
     if A.ndim < 2 or B.ndim < 2:
         raise UnsupportedOperation("triage bounds matmul of operands with >= 2 axes; got shapes "
                                    f"{A.shape} and {B.shape}")
-    return [mm(A, B, None, fmt)]
+    return [mm(A, B, None, fmt, operand_rel=cuda_operand_rel(a, fmt))]
 
 
 def _r_addmm(rec, get, fmt):
     bias, a, b = (get(t) for t in rec.args[:3])
     if rec.kwargs.get("beta", 1) != 1 or rec.kwargs.get("alpha", 1) != 1:
         raise UnsupportedOperation("triage bounds addmm/baddbmm with alpha = beta = 1 only")
-    return [mm(a, b, bias, fmt)]
+    return [mm(a, b, bias, fmt, operand_rel=cuda_operand_rel(rec.args[1], fmt))]
 
 
 def _r_embedding(rec, get, fmt):

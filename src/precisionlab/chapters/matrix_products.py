@@ -3,7 +3,11 @@
 * `fp8_operands` and `accumulation_errors`: random matrices quantized to E4M3 by a scale per
   tensor, multiplied by `gpu.tensorcore`'s Hopper FP8 model (14-bit accumulator, with and
   without promotion into float32 every N_c elements), against the exact product, for a range
-  of inner dimensions K.
+  of inner dimensions K;
+* `ThreeProductTask` and `train_three_products`: a small MLP learning a teacher's outputs
+  with every layer's forward, input-gradient and weight-gradient products quantized by a
+  recipe (`emulate.RecipeLinear`), the runs scripts/ch9_three_products.py stores and
+  `load_three_products` reads back.
 
 Every number is portable: normal samples by `emulate.randn`, roundings by `round_to`, the
 block FMAs in exact float64 integer arithmetic, error norms by `math.fsum`.
@@ -13,19 +17,26 @@ Chapter code (`precisionlab.chapters`): imports `gpu`, `quantize` and `emulate`.
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from .. import emulate
-from ..checks import check_count
+from ..checks import check_choice, check_count
+from ..emulate.recipe_linear import LinearRecipe, Operand, RecipeLinear
 from ..gpu.tensorcore import tensor_core_matmul
-from ..quantize import RECIPES
+from ..quantize import RECIPES, Recipe
 
-__all__ = ["AccumulationErrors", "accumulation_errors", "exact_fp8_matmul", "fp8_operands"]
+__all__ = ["THREE_PRODUCT_RECIPES", "AccumulationErrors", "ThreeProductRun", "ThreeProductTask",
+           "accumulation_errors", "exact_fp8_matmul", "fp8_operands", "load_three_products",
+           "train_three_products"]
 
 
 def fp8_operands(m: int, k: int, n: int, *, seed: int = 0, recipe: str = "fp8_tensor",
@@ -97,3 +108,123 @@ def accumulation_errors(ks: Sequence[int], m: int = 16, n: int = 16, *, seed: in
             entrywise[p].append(float(rel.max()))
     return AccumulationErrors(ks, {p: np.array(v) for p, v in normwise.items()},
                               {p: np.array(v) for p, v in entrywise.items()})
+
+
+# ------------------------------------------------------------------ all three products
+
+
+def _recipes() -> dict[str, LinearRecipe]:
+    """The recipes of the three-product runs: BF16, per-tensor FP8 HYBRID, MXFP8, NVFP4 and its ablations."""
+    e4, e5 = RECIPES["fp8_tensor"], RECIPES["fp8_tensor_e5m2"]
+    mx = Recipe("mxfp8_ceil", "float8_e4m3fn", "block", 32, "float8_e8m0fnu", e8m0_rule="ceil")
+    nv = RECIPES["nvfp4"]  # 1x16 blocks along the axis given
+    nv2d = Recipe("nvfp4_16x16", "float4_e2m1fn", "two_level", (16, 16), "float8_e4m3fn")
+    bf = Operand("bfloat16")
+
+    def nvfp4(name, *, rht=True, sr=True, two_d=True):
+        w = Operand(nv2d) if two_d else Operand(nv)
+        return LinearRecipe(name, x=Operand(nv), w=w, dgrad_dy=Operand(nv, stochastic=sr),
+                            dgrad_w=Operand(nv2d) if two_d else Operand(nv, axis=0),
+                            wgrad_dy=Operand(nv, axis=0, stochastic=sr),
+                            wgrad_x=Operand(nv, axis=0), hadamard=rht)
+
+    return {
+        "bf16": LinearRecipe("bf16", bf, bf, bf, bf, bf, bf),
+        "fp8_hybrid": LinearRecipe("fp8_hybrid", Operand(e4), Operand(e4), Operand(e5),
+                                   Operand(e4), Operand(e5), Operand(e4)),
+        "mxfp8": LinearRecipe("mxfp8", Operand(mx), Operand(mx), Operand(mx),
+                              Operand(mx, axis=0), Operand(mx, axis=0), Operand(mx, axis=0)),
+        "nvfp4": nvfp4("nvfp4"),
+        "nvfp4, no Hadamard": nvfp4("nvfp4, no Hadamard", rht=False),
+        "nvfp4, no stochastic rounding": nvfp4("nvfp4, no stochastic rounding", sr=False),
+        "nvfp4, 1x16 weight blocks": nvfp4("nvfp4, 1x16 weight blocks", two_d=False),
+    }
+
+
+THREE_PRODUCT_RECIPES: tuple[str, ...] = (
+    "bf16", "fp8_hybrid", "mxfp8", "nvfp4", "nvfp4, no Hadamard",
+    "nvfp4, no stochastic rounding", "nvfp4, 1x16 weight blocks", "nvfp4, last layer bf16")
+
+
+@dataclass(frozen=True)
+class ThreeProductTask:
+    """A teacher MLP's outputs to learn: inputs (tokens, widths[0]) with a few outlier channels, targets (tokens, widths[-1])."""
+
+    widths: tuple[int, ...] = (64, 128, 128, 32)
+    tokens: int = 1024
+    batch: int = 128
+    outlier: float = 20.0
+    outlier_channels: tuple[int, ...] = (5, 40)
+    seed: int = 0
+
+    def data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y): x ~ N(0, 1) with the outlier channels scaled, y = teacher(x), float32 (emulated)."""
+        gen = torch.Generator().manual_seed(self.seed)
+        x = emulate.randn(self.tokens, self.widths[0], generator=gen, dtype=torch.float64)
+        x[:, list(self.outlier_channels)] *= self.outlier
+        x = x.to(torch.float32)
+        h = x
+        for i, w in enumerate(_init(self.widths, self.seed + 1000)):
+            h = emulate.linear(h, w, None, "float32")
+            if i < len(self.widths) - 2:
+                h = emulate.gelu(h, "float32")
+        return x, h.detach()
+
+
+def _init(widths: Sequence[int], seed: int) -> list[torch.Tensor]:
+    """W_l ~ N(0, 1 / fan_in), float32, one per layer."""
+    gen = torch.Generator().manual_seed(int(seed))
+    return [(emulate.randn(o, i, generator=gen, dtype=torch.float64) / math.sqrt(i)).to(
+        torch.float32) for i, o in itertools.pairwise(widths)]
+
+
+class ThreeProductRun(NamedTuple):
+    """One run: the training loss per step (mean over the batch, relative to mean(y^2))."""
+
+    recipe: str
+    losses: np.ndarray
+
+
+def train_three_products(task: ThreeProductTask, recipe: str, steps: int = 400, *,
+                         lr: float = 3e-3) -> ThreeProductRun:
+    """Adam on the student MLP, every linear layer's three products quantized by `recipe` (one of THREE_PRODUCT_RECIPES)."""
+    check_choice(recipe, "recipe", THREE_PRODUCT_RECIPES)
+    table = _recipes()
+    x, y = task.data()
+    n_layers = len(task.widths) - 1
+    per_layer = [table["nvfp4" if recipe == "nvfp4, last layer bf16" else recipe]] * n_layers
+    if recipe == "nvfp4, last layer bf16":
+        per_layer[-1] = table["bf16"]
+    layers = [RecipeLinear(w, r, seed=task.seed * 100 + i)
+              for i, (w, r) in enumerate(zip(_init(task.widths, task.seed), per_layer,
+                                             strict=True))]
+    opt = emulate.Adam([p for lay in layers for p in lay.parameters()], lr=lr)
+    y0 = float(emulate.fixed_sum((y.double() ** 2).reshape(-1))) / y.numel()
+    losses = []
+    per_epoch = task.tokens // task.batch
+    for step in range(int(steps)):
+        b = step % per_epoch
+        xb, yb = x[b * task.batch:(b + 1) * task.batch], y[b * task.batch:(b + 1) * task.batch]
+        opt.zero_grad()
+        h = xb
+        for i, lay in enumerate(layers):
+            h = lay(h)
+            if i < n_layers - 1:
+                h = emulate.gelu(h, "float32")
+        loss = emulate.mse_loss(h, yb, "float32")
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()) / y0)
+    return ThreeProductRun(recipe, np.array(losses))
+
+
+def load_three_products(path) -> tuple[ThreeProductTask, float, dict[str, np.ndarray]]:
+    """(task, lr, recipe -> losses per step) from the .json (and its .npz) scripts/ch9_three_products.py writes."""
+    path = Path(path)
+    doc = json.loads(path.read_text())
+    task = ThreeProductTask(**{k: tuple(v) if isinstance(v, list) else v
+                               for k, v in doc["task"].items()})
+    with np.load(path.parent / doc["arrays"]) as z:
+        runs = {name: np.array(z[f"run{i}"], dtype=np.float64)
+                for i, name in enumerate(doc["runs"])}
+    return task, float(doc["lr"]), runs

@@ -12,13 +12,14 @@ mismatch float32 with bfloat16, determinism 1 and 2 threads with the gradients.
 Method. One thread (torch.set_num_threads(1)); each (model, job) in a fresh subprocess, with the
 model, batch, optimizer and bfloat16 copy built before anything is measured. Time: the process's
 CPU time (time.process_time, which a machine shared with other work disturbs less than the wall
-clock) of the best of at least 3 runs, after a cold and a warm run. Memory: the peak resident
-memory of one warm call beyond the resident memory of the process before the model was built
-(after the imports), so the model, its batch and what the job needs besides (the optimizer's
-state for a training step, the bfloat16 copy for triage) count; read from /proc/self/status
-(VmHWM after writing 5 to /proc/self/clear_refs, which resets the peak: Linux only), so torch's
-own allocations count, which tracemalloc does not see. "x" columns divide by the same numbers
-for the base job (forward or training step) of the same model.
+clock) of the best of at least 3 runs, after a cold run (which pays the one-time imports,
+numba's cache and thread pools). Memory: what the call holds, the bytes of the model's
+parameters and buffers, the batch and what the job keeps besides (the optimizer's state for a
+training step, the bfloat16 copy for triage), plus the peak resident memory of one warm call
+beyond the resident memory just before it, read from /proc/self/status (VmHWM after writing 5
+to /proc/self/clear_refs, which resets the peak: Linux only), so torch's own allocations
+count, which tracemalloc does not see. "x" columns divide by the same numbers for the base job
+(forward or training step) of the same model.
 
     python3 benchmarks/bench_diagnose.py              # all four models
     python3 benchmarks/bench_diagnose.py --models mlp cnn
@@ -112,11 +113,6 @@ def one(name: str, job: str) -> dict:
     from precisionlab.diagnose.batch import as_inputs, call
 
     torch.set_num_threads(1)
-    if name in ("gpt2", "bert"):
-        import transformers  # its lazy modules imported before the baseline is read
-        _ = (transformers.GPT2LMHeadModel, transformers.BertForSequenceClassification)
-    gc.collect()
-    empty = _status("VmRSS")  # the process before the model is built
     model, batch, loss_fn, targets = build(name)
     inputs = as_inputs(batch)
     n = sum(p.numel() for p in model.parameters())
@@ -149,7 +145,14 @@ def one(name: str, job: str) -> dict:
         fn()  # cold: imports, numba's cache, first-touch allocations
     except Exception as e:  # reported in the table
         return {"params": n, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:60]}"}
-    mib = _peak(fn) - empty
+    gc.collect()
+    before = _status("VmRSS")
+    held = [*model.parameters(), *model.buffers(), *(x for x in inputs if torch.is_tensor(x))]
+    if low is not None:
+        held += [*low.parameters(), *low.buffers()]
+    if job == "train_step":
+        held += [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+    mib = _peak(fn) - before + sum(t.numel() * t.element_size() for t in held) / 2**20
     cpus = []
     while len(cpus) < 3 or (sum(cpus) < 1.0 and len(cpus) < 20):
         c = time.process_time()
@@ -166,9 +169,9 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(*args.one)))
         return
-    print("one thread; CPU seconds of the best run; peak MiB of one warm call beyond the")
-    print("process before the model was built; x: divided by the forward (triage) or the")
-    print("training step (the others) of the same model")
+    print("one thread; CPU seconds of the best run; MiB: the model, batch and state the job")
+    print("holds plus the peak of one warm call beyond the resident memory before it; x:")
+    print("divided by the forward (triage) or the training step (the others) of that model")
     print(f"{'model':>5} {'params':>9} {'job':>11} {'cpu s':>8} {'x':>6} {'peak MiB':>8} "
           f"{'x':>6}")
     for name in args.models:

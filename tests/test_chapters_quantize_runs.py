@@ -22,10 +22,10 @@ from precisionlab.chapters.quantize_runs import (
     OUTLIER_CHANNELS,
     SharedScale,
     block_sqnr,
+    least_squares_floor,
     outlier_activations,
     outlier_regression,
     outlier_report,
-    least_squares_floor,
     quantize_layers,
     scaling_trace,
     share_beside_outliers,
@@ -257,7 +257,7 @@ def _exact_floor(x: np.ndarray, y: np.ndarray) -> Fraction:
     for o in range(y.shape[1]):
         b = [Fraction(float(v)) for v in y[:, o]]
         rhs = [sum(a[i][p] * b[i] for i in range(len(b))) for p in range(len(cols))]
-        m = [row[:] + [r] for row, r in zip(g, rhs, strict=True)]  # Gauss-Jordan, exact
+        m = [[*row[:], r] for row, r in zip(g, rhs, strict=True)]  # Gauss-Jordan, exact
         w, row = [Fraction(0)] * len(cols), 0  # free variables (dependent columns) stay 0
         pivots = []
         for p in range(len(cols)):

@@ -42,11 +42,26 @@ from ..quantize.choices import ELEMENT_FORMATS, check_format
 from ..quantize.grid import block_shape
 from ..underflow import AttenuatingNet, make_batch
 
-__all__ = ["OUTLIER_CHANNELS", "LayerQuantization", "OutlierReport", "QuantizedRun",
-           "ScalingTrace", "SharedScale", "block_sqnr", "network_signals",
-           "outlier_activations", "outlier_regression", "outlier_report", "quantize_layers",
-           "scaling_trace", "share_beside_outliers", "spike_stream",
-           "least_squares_floor", "trace_table_rows", "train_quantized"]
+__all__ = [
+    "OUTLIER_CHANNELS",
+    "LayerQuantization",
+    "OutlierReport",
+    "QuantizedRun",
+    "ScalingTrace",
+    "SharedScale",
+    "block_sqnr",
+    "least_squares_floor",
+    "network_signals",
+    "outlier_activations",
+    "outlier_regression",
+    "outlier_report",
+    "quantize_layers",
+    "scaling_trace",
+    "share_beside_outliers",
+    "spike_stream",
+    "trace_table_rows",
+    "train_quantized",
+]
 
 OUTLIER_CHANNELS: tuple[int, ...] = (17, 90, 161, 230)  # one in each 64 channels of 256
 

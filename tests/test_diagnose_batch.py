@@ -103,3 +103,30 @@ def test_inputs_embeds_are_cast_for_a_bfloat16_gpt2():
                           other="autocast_bfloat16", cast_inputs=True)
     assert r.padded == 3 and r.tokens == 13
     diagnose.determinism(model_bf16, eb, threads=(1,), deterministic=False, cast_inputs=True)
+
+
+class _Wrap(nn.Module):
+    """A wrapper a reader writes around a model: one child, no parameters of its own."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, **batch):
+        return self.inner(**batch)
+
+
+def test_a_wrapped_target_pairs_module_by_module_with_the_bare_model():
+    model, batch = _gpt2(), _batch()
+    model_bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    bare = diagnose.triage(model, model_bf16, batch)
+    wrapped = diagnose.triage(model, _Wrap(model_bf16), batch)
+    assert wrapped.verdict == bare.verdict == "Type-I"
+    assert wrapped.paired == bare.paired > 50  # not just the final output
+    assert [c.op for c in wrapped.checks] == [c.op for c in bare.checks]
+    bug = copy.deepcopy(model)
+    with torch.no_grad():
+        bug.transformer.h[1].mlp.c_fc.weight.mul_(1 + 2.0**-5)  # (its bias starts at 0)
+    rep = diagnose.triage(model, _Wrap(bug), batch)
+    assert rep.verdict == "Type-II"
+    assert rep.blamed.op.startswith("transformer.h.1.mlp.c_fc:")  # named as in the model

@@ -50,7 +50,6 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -276,12 +275,21 @@ class _Recorder(TorchFunctionMode):
         return out
 
 
+def _unwrapped(m: torch.nn.Module) -> torch.nn.Module:
+    """A wrapper (one child, no parameters or buffers of its own) named as the model it wraps,
+    so that Wrap(model) pairs with model module by module."""
+    while (len(kids := list(m.children())) == 1 and next(m.parameters(False), None) is None
+           and next(m.buffers(False), None) is None):
+        m = kids[0]
+    return m
+
+
 def _roots(fn) -> list:
-    """(path prefix, Module) pairs whose submodules name the calls: fn itself when it is a Module;
-    for a function or method, the Modules it closes over or is bound to (one: no prefix;
-    several: the closure variable's name)."""
+    """(path prefix, Module) pairs whose submodules name the calls: fn itself when it is a Module
+    (a wrapper: the model it wraps); for a function or method, the Modules it closes over or is
+    bound to (one: no prefix; several: the closure variable's name)."""
     if isinstance(fn, torch.nn.Module):
-        return [("", fn)]
+        return [("", _unwrapped(fn))]
     found = []
     owner = getattr(fn, "__self__", None)
     if isinstance(owner, torch.nn.Module):
@@ -405,32 +413,6 @@ def _declared(kernels: Mapping | None, rec) -> iv.Kernel | None:
         if k in kernels:
             return kernels[k]
     return None
-
-
-def _kernel_mm(rec, get, kernel: iv.Kernel, fmt: str) -> list:
-    """A declared Kernel: intervals.matmul per matrix under the structure-aware rule."""
-    if rec.name == "linear":
-        x, w = get(rec.args[0]), get(bd.arg(rec.args, rec.kwargs, 1, "weight"))
-        b = bd.arg(rec.args, rec.kwargs, 2, "bias")
-        lead = x.shape[:-1]
-        a = iv.Interval(x.lo.reshape(-1, x.shape[-1]), x.hi.reshape(-1, x.shape[-1]), None,
-                        "structure")
-        y = iv.matmul(a, iv.Interval(w.lo.T, w.hi.T, None, "structure"), kernel)
-        if isinstance(b, torch.Tensor):
-            y = iv.add(y, get(b).with_rule("structure"), kernel.out_format.name)
-        y = bd.round_into(bd.mk(y.lo.reshape(*lead, -1), y.hi.reshape(*lead, -1)), fmt)
-        return [y]
-    A, B = get(rec.args[0]), get(bd.arg(rec.args, rec.kwargs, 1, "other"))
-    shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2])
-    alo, ahi = (np.broadcast_to(z, (*shape, *A.shape[-2:])) for z in (A.lo, A.hi))
-    blo, bhi = (np.broadcast_to(z, (*shape, *B.shape[-2:])) for z in (B.lo, B.hi))
-    lo = np.empty((*shape, A.shape[-2], B.shape[-1]))
-    hi = np.empty_like(lo)
-    for idx in np.ndindex(*shape):
-        y = iv.matmul(iv.Interval(alo[idx], ahi[idx], None, "structure"),
-                      iv.Interval(blo[idx], bhi[idx], None, "structure"), kernel)
-        lo[idx], hi[idx] = y.lo, y.hi
-    return [bd.round_into(bd.mk(lo, hi), fmt)]
 
 
 def triage(reference, target, inputs, kernels: Mapping | None = None,
@@ -652,7 +634,7 @@ def triage(reference, target, inputs, kernels: Mapping | None = None,
         else:
             kernel = _declared(kernels, rec) if rec.name in _MATMULS else None
             try:
-                per = [(_kernel_mm(rec, get, kernel, f) if kernel is not None
+                per = [(bd.declared_mm(rec, get, kernel, f) if kernel is not None
                         else bd.bound(rec, get, f)) for f in fmts]
             except UnsupportedOperation as e:
                 raise UnsupportedOperation(_unsupported(rec, str(e))) from None

@@ -12,11 +12,14 @@ import numpy as np
 import torch
 
 from ...formats import contains, get_format
+from ..bounds import matmul as kernel_matmul
 from ..interval import Interval
+from ..ops import add as kernel_add
 from . import fused, kernels
 from .arith import (
     ABS_SLACK,
     UnsupportedOperation,
+    arg,
     bare,
     down,
     gamma,
@@ -29,7 +32,7 @@ from .arith import (
 )
 
 __all__ = ["TF32_OPERANDS", "Leaf", "box_products", "close_products", "cuda_operand_rel",
-           "leaf_products", "midrad", "mm", "upper_product"]
+           "declared_mm", "leaf_products", "midrad", "mm", "upper_product"]
 
 # Both operands of a product rounded to TF32 (10 fraction bits) in any direction: relative
 # error of the product at most (1 + 2^-10)^2 - 1 (NVIDIA's conversion rounds to nearest or
@@ -404,3 +407,30 @@ def _mm32(a: Interval, b, bias, fmt: str, b_t: bool, orel: float, rr):
                         float(orel), n, *_close_args(k, bias, fmt, g64), *rounding(fmt), lo, hi):
         return bare(lo.reshape(*a.shape[:-1], n), hi.reshape(*a.shape[:-1], n))
     return mk(lo.reshape(*a.shape[:-1], n), hi.reshape(*a.shape[:-1], n))
+
+
+def declared_mm(rec, get, kernel, fmt: str) -> list:
+    """linear / matmul / mm / bmm of a traced call whose kernel the user declared
+    (triage(..., kernels=...)): `intervals.matmul` per matrix under the structure-aware rule of
+    that `intervals.Kernel`, then rounded outward into fmt."""
+    if rec.name == "linear":
+        x, w = get(rec.args[0]), get(arg(rec.args, rec.kwargs, 1, "weight"))
+        b = arg(rec.args, rec.kwargs, 2, "bias")
+        lead = x.shape[:-1]
+        a = Interval(x.lo.reshape(-1, x.shape[-1]), x.hi.reshape(-1, x.shape[-1]), None,
+                     "structure")
+        y = kernel_matmul(a, Interval(w.lo.T, w.hi.T, None, "structure"), kernel)
+        if isinstance(b, torch.Tensor):
+            y = kernel_add(y, get(b).with_rule("structure"), kernel.out_format.name)
+        return [round_into(mk(y.lo.reshape(*lead, -1), y.hi.reshape(*lead, -1)), fmt)]
+    A, B = get(rec.args[0]), get(arg(rec.args, rec.kwargs, 1, "other"))
+    shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    alo, ahi = (np.broadcast_to(z, (*shape, *A.shape[-2:])) for z in (A.lo, A.hi))
+    blo, bhi = (np.broadcast_to(z, (*shape, *B.shape[-2:])) for z in (B.lo, B.hi))
+    lo = np.empty((*shape, A.shape[-2], B.shape[-1]))
+    hi = np.empty_like(lo)
+    for idx in np.ndindex(*shape):
+        y = kernel_matmul(Interval(alo[idx], ahi[idx], None, "structure"),
+                          Interval(blo[idx], bhi[idx], None, "structure"), kernel)
+        lo[idx], hi[idx] = y.lo, y.hi
+    return [round_into(mk(lo, hi), fmt)]

@@ -81,3 +81,15 @@ def test_trainer_micro_batches_give_beta_at_the_same_precision():
     with pytest.raises(ValueError, match="shapes"):
         score(model, prompts, comp[:3])
 
+
+
+def test_bad_tokens_and_splits_are_named():
+    model = TinyDecoder.random()
+    for bad in ([[-1, 2]], [[32, 2]], [[1.5, 2]]):
+        with pytest.raises(ValueError, match="token ids"):
+            decode(model, bad, 2)
+    with pytest.raises(ValueError, match="splits"):
+        decode(model, [[1, 2]], 2, splits=0)
+    from precisionlab.gpu.batching import score
+    with pytest.raises(ValueError, match="completions"):
+        score(model, [[1, 2]], [[40, 1]])

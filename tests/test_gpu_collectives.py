@@ -177,3 +177,34 @@ def test_data_parallel_sum_is_shard_sums_then_all_reduce(w, seed, order):
     np.testing.assert_array_equal(data_parallel_sum(samples, w, order), want)
     with pytest.raises(ValueError, match="multiple"):
         data_parallel_sum(samples[:7], 2)
+
+
+@sound(15)
+@given(w=st.sampled_from([1, 2, 4]), seed=st.integers(0, 2**32 - 1),
+       order=st.sampled_from(COLLECTIVE_ORDERS))
+def test_bfloat16_reduction_rounds_each_float32_shard_sum_once(w, seed, order):
+    """FSDP's reduce_dtype: the backward accumulates in float32; only the collective is bf16."""
+    from precisionlab.gpu.collectives import data_parallel_sum
+    samples = hard_parts(8, 5, seed)
+    parts = np.empty((w, 5))
+    for r in range(w):
+        for j in range(5):
+            rows = samples[r * (8 // w):(r + 1) * (8 // w), j]
+            s32 = oracle_chain(list(rows), list(range(len(rows))), "float32")
+            parts[r, j] = float(fr(float(s32), "bfloat16"))
+    want = oracle(parts, order, "bfloat16")
+    np.testing.assert_array_equal(data_parallel_sum(samples, w, order, "bfloat16"), want)
+    if w == 1:  # no collective: the float32 sum rounded once
+        np.testing.assert_array_equal(want, parts[0])
+
+
+def test_bad_elements_and_samples_are_named():
+    from precisionlab.gpu.collectives import data_parallel_sum
+    with pytest.raises(ValueError, match="element"):
+        rank_sequence("ring", 8, 8, 4)
+    with pytest.raises(ValueError, match="element"):
+        rank_sequence("ring", -1, 8, 4)
+    with pytest.raises(ValueError, match="N >= 1"):
+        data_parallel_sum(np.ones((0, 3)), 1)
+    with pytest.raises(ValueError, match="fmt"):
+        data_parallel_sum(np.ones((2, 3)), 1, "ring", "tf32")

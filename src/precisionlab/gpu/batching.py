@@ -90,6 +90,20 @@ def _softsign(x: np.ndarray) -> np.ndarray:
     return np.asarray(round_to(x / (1.0 + np.abs(x)), "float32"), dtype=np.float64)
 
 
+def _tokens(model: TinyDecoder, tokens, name: str) -> np.ndarray:
+    """tokens as an int64 array, every entry an integer token id 0 <= id < vocab."""
+    t = np.asarray(tokens)
+    vocab = model.embed.shape[0]
+    if t.size and not np.issubdtype(t.dtype, np.integer):
+        if not np.issubdtype(t.dtype, np.number) or np.any(t != np.round(t)):
+            raise ValueError(f"{name} must hold integer token ids; got dtype {t.dtype}")
+    t = t.astype(np.int64)
+    if t.size and (t.min() < 0 or t.max() >= vocab):
+        raise ValueError(f"{name} must hold token ids 0 <= id < vocab={vocab}; "
+                         f"got ids from {t.min()} to {t.max()}")
+    return t
+
+
 def decode(model: TinyDecoder, prompts, steps: int = 32, *, invariant: bool = False,
            splits: int | None = None, out: str = "float32") -> np.ndarray:
     """Greedy completions (batch, steps) of the prompts (batch, length), served as one batch.
@@ -97,14 +111,16 @@ def decode(model: TinyDecoder, prompts, steps: int = 32, *, invariant: bool = Fa
     Every matmul runs through batch_kernel(s): s = splits_for_batch(batch, n_out) unless
     invariant (s = 1 at every batch size) or `splits` is given.
     """
-    p = np.asarray(prompts, dtype=np.int64)
+    p = _tokens(model, prompts, "prompts")
     if p.ndim != 2 or p.size == 0:
         raise ValueError(f"prompts must be a non-empty (batch, length) array; got shape {p.shape}")
     steps = check_positive_int(steps, "steps")
+    if splits is not None:
+        splits = check_positive_int(splits, "splits")
     b = p.shape[0]
 
     def mm(a, m, out):
-        s = 1 if invariant else (splits or splits_for_batch(b, m.shape[1]))
+        s = 1 if invariant else (splits if splits is not None else splits_for_batch(b, m.shape[1]))
         return run_matmul(a, m, batch_kernel(s, out=out))
 
     completions, _ = _run(model, p, steps, None, mm, out)
@@ -138,8 +154,8 @@ def score(model: TinyDecoder, prompts, completions, *, micro_batch: int | None =
     each with the kernels its own batch size picks (or one split for all, if invariant);
     log-softmax of the bfloat16 logits in float64. Returns (batch, steps).
     """
-    p = np.asarray(prompts, dtype=np.int64)
-    c = np.asarray(completions, dtype=np.int64)
+    p = _tokens(model, prompts, "prompts")
+    c = _tokens(model, completions, "completions")
     if p.ndim != 2 or c.ndim != 2 or p.shape[0] != c.shape[0]:
         raise ValueError(f"prompts and completions must be (batch, length) arrays of one batch; "
                          f"got shapes {p.shape} and {c.shape}")

@@ -26,14 +26,23 @@ double_tree   NCCL's double binary tree (ncclGetDtree): the first ceil(n / 2) el
               r -> W-1-r, for even W; shifted by one, r -> r+1, for odd W)
 ============  ==========================================================================
 
-Our assumptions, stated once: NCCL's ring order and node order are the rank order; a rank's
-own values come first in a tree node's sum, then the children in ncclGetBtree's order;
-NCCL's double tree splits the data between two halves of its channels, and we give each
-tree one contiguous half. gloo's order is the one measured (tests/test_gpu_collectives_gloo.py
-compares the bits with torch.distributed).
+Our assumptions, stated once. The NCCL orders are read from NCCL's source (the ring and tree
+kernels of src/device/all_reduce.h, src/graph/trees.cc) and never measured here (no GPU): the
+ring order and node order are the rank order; one channel and one loop, so element j's chunk
+is j // ceil(n / W) (NCCL's channels, loops and protocol cut large tensors into other
+chunks); NCCL builds its trees over *nodes* and chains the GPUs inside a node, and we put one
+rank on each node; a rank's own values come first in a tree node's sum, then the children in
+ncclGetBtree's order; the double tree splits the data between two halves of its channels, and
+we give each tree one contiguous half. gloo's order is the one measured
+(tests/test_gpu_collectives_gloo.py compares the bits with torch.distributed): gloo's ring is
+what an unspecified algorithm gets; a shared-memory intra-node all-reduce that adds the ranks
+in rank order (our `sequential`) was merged into gloo in January 2026 and reverted in
+February, and torch 2.13's gloo has none.
 
 Values are first rounded into the reduction format (what casting a gradient to FSDP's
-``reduce_dtype`` does); every add is then fl(a + b) by `RoundedAdder`.
+``reduce_dtype`` does); every add is then fl(a + b) by `RoundedAdder`. `data_parallel_sum`
+sums each rank's examples in float32 first (the backward's accumulator), so a bfloat16
+reduction format rounds each rank's gradient once and then every add of the all-reduce.
 """
 
 from __future__ import annotations
@@ -208,24 +217,32 @@ def rank_sequence(order: str, element: int, n: int, world_size: int,
     """The ranks whose values a chain order adds for one element, first to last."""
     f = get_format(fmt)
     check_choice(f.name, "reduction format fmt", REDUCE_FORMATS)
+    n = check_positive_int(n, "n")
+    if isinstance(element, bool) or not isinstance(element, (int, np.integer)) \
+            or not 0 <= element < n:
+        raise ValueError(f"element must be an index 0 <= element < n={n}; got element={element!r}")
     c = int(chunk_starts(order, n, world_size, REDUCE_FORMATS[f.name])[element])
     return _chain(order, c, world_size)
 
 
 def data_parallel_sum(samples, world_size: int, order: str = "ring",
-                      fmt: str | FloatFormat = "float32") -> np.ndarray:
+                      fmt: str | FloatFormat = "float32", *,
+                      local: str | FloatFormat = "float32") -> np.ndarray:
     """sum_i samples[i] as W data-parallel ranks compute it: each rank sums its shard, then all-reduce.
 
-    samples: (N, n) per-example gradients, N a multiple of world_size; rank r takes the r-th
-    block of N / W consecutive rows and sums them in row order in fmt (one rounding per add,
-    our stand-in for the backward pass's accumulation), then `allreduce(parts, order, fmt)`.
-    At W = 1 this is the sequential sum of all N rows: the world size alone changes the order.
+    samples: (N, n) per-example gradients, N >= 1 a multiple of world_size; rank r takes the
+    r-th block of N / W consecutive rows and sums them in row order in `local` (one rounding
+    per add, our stand-in for the backward pass's float32 accumulation), rounds the sum once
+    into the reduction format fmt, then `allreduce(parts, order, fmt)`. At W = 1 this is the
+    sequential sum of all N rows rounded once to fmt: the world size alone changes the order.
     """
     w = check_positive_int(world_size, "world_size")
     a = np.asarray(samples, dtype=np.float64)
-    if a.ndim != 2 or a.shape[0] % w:
-        raise ValueError(f"samples must be (N, n) with N a multiple of world_size={w}; "
-                         f"got shape {a.shape}")
+    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0 or a.shape[0] % w:
+        raise ValueError(f"samples must be (N, n) with N >= 1 a multiple of world_size={w} "
+                         f"and n >= 1; got shape {a.shape}")
+    f = get_format(fmt)
+    check_choice(f.name, "reduction format fmt", REDUCE_FORMATS)
     shards = a.reshape(w, a.shape[0] // w, a.shape[1])
-    parts = reduce_sum(np.moveaxis(shards, 1, 2), "sequential", fmt)  # (w, n)
-    return allreduce(np.asarray(parts).reshape(w, a.shape[1]), order, fmt)
+    parts = reduce_sum(np.moveaxis(shards, 1, 2), "sequential", local, out=f)  # (w, n)
+    return allreduce(np.asarray(parts).reshape(w, a.shape[1]), order, f)

@@ -63,7 +63,8 @@ def collective_view(world_size: int = 4, order: str = "ring",
     err_w, err_1 = (np.abs(ulp_shifts(s, exact, f)).mean() for s in (got, one))
     lines = [
         f"64 examples x 512 entries, {f.name} reduction, {order!r} all-reduce",
-        f"W = {world_size}: each rank sums {64 // world_size} examples, then the all-reduce",
+        f"W = {world_size}: each rank sums {64 // world_size} examples in float32, "
+        f"then the all-reduce in {f.name}",
         f"entries that differ from W = 1: {int((shift != 0).sum())} of 512, "
         f"up to {np.abs(shift).max():.0f} ulps",
         f"mean |error| against the exact sum: {err_w:.2f} ulps (W = 1: {err_1:.2f})",

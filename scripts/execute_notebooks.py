@@ -147,11 +147,15 @@ def write_times(rows, floor: float, path: Path) -> None:
 
     present = {p.stem for p in NOTEBOOK_DIR.glob("*.ipynb")}
     table: dict[str, str] = {}
-    if path.is_file():  # rows of other notebooks are kept if they carry their own floor
+    if path.is_file():  # the other notebooks' rows are kept
         for line in path.read_text(encoding="utf-8").splitlines():
             m = re.match(r"\| \{doc\}`(\d\d-[a-z0-9-]+) <", line)
-            if m and m.group(1) in present and line.count("|") == 8:
-                table[m.group(1)] = line
+            if not (m and m.group(1) in present):
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 4:  # a row measured before floors were: no floor, no multiple
+                line = f"| {cells[0]} | {cells[1]} | {cells[2]} | - | - | {BUDGET_X:g}x |"
+            table[m.group(1)] = line
     for name, budget_x, cold, warm, _status in rows:
         stem = Path(name).stem
         table[stem] = (f"| {{doc}}`{stem} <../notebooks/{stem}>` | {cold:.1f} | {warm:.1f} | "

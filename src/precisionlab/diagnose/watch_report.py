@@ -104,9 +104,12 @@ class TensorRange:
     inf: int
 
     def __str__(self) -> str:
-        bad = f", {self.nan} NaN, {self.inf} inf" if self.nan or self.inf else ""
-        return (f"{self.name} {list(self.shape)} {self.dtype}: [{fmt_num(self.min)}, "
-                f"{fmt_num(self.max)}]{bad}")
+        bad = f"{self.nan} NaN, {self.inf} inf" if self.nan or self.inf else ""
+        if self.min != self.min:  # no finite entry: say so, not [nan, nan]
+            return f"{self.name} {list(self.shape)} {self.dtype}: no finite entry ({bad})"
+        finite = "finite entries in " if bad else ""
+        return (f"{self.name} {list(self.shape)} {self.dtype}: {finite}[{fmt_num(self.min)}, "
+                f"{fmt_num(self.max)}]" + (f", {bad}" if bad else ""))
 
     def to_dict(self) -> dict:
         """The range as JSON-ready values."""

@@ -151,7 +151,7 @@ def corpus_table(results) -> Table:
 
     Parameters
     ----------
-    results : iterable of CaseResult
+    results : list of CaseResult
         The evaluated cases (`evaluate_case`), in the order of the rows.
 
     Returns

@@ -3,8 +3,12 @@ decoder's completions; one strategy for every batch size (batch invariance) does
 
 from __future__ import annotations
 
+from fractions import Fraction
+from math import isqrt
+
 import numpy as np
 import pytest
+from oracles import fraction_round
 
 from precisionlab.gpu import run_matmul
 from precisionlab.gpu.batching import (
@@ -12,6 +16,8 @@ from precisionlab.gpu.batching import (
     batch_kernel,
     decode,
     partial_sums,
+    rms_norm,
+    row_splits_for_batch,
     splits_for_batch,
 )
 
@@ -93,3 +99,51 @@ def test_bad_tokens_and_splits_are_named():
     from precisionlab.gpu.batching import score
     with pytest.raises(ValueError, match="completions"):
         score(model, [[1, 2]], [[40, 1]])
+
+
+def _fraction_rms_norm(row, splits, eps=1e-6):
+    """The RMSNorm of one row by exact rational arithmetic, every operation rounded to float32."""
+    def fr(q):
+        return Fraction(fraction_round(q, "float32", "nearest_even"))
+
+    sq = [fr(Fraction(float(v)) ** 2) for v in row]
+    size = -(-len(sq) // splits)
+    parts = []
+    for c in range(0, len(sq), size):
+        acc = sq[c]
+        for v in sq[c + 1:c + size]:
+            acc = fr(acc + v)
+        parts.append(acc)
+    total = parts[0]
+    for p in parts[1:]:
+        total = fr(total + p)
+    ms = fr(fr(total / len(sq)) + fr(Fraction(eps)))
+    k = 200  # sqrt to 200 bits below the point: no float32 midpoint is that close
+    root = fr(Fraction(isqrt(ms.numerator * 4**k // ms.denominator), 2**k))
+    inv = fr(1 / root)
+    return [float(fr(Fraction(float(v)) * inv)) for v in row]
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 8])
+def test_rms_norm_matches_the_fraction_oracle(splits):
+    rng = np.random.default_rng(splits)
+    x = (rng.standard_normal((3, 37)) * np.exp2(rng.integers(-12, 12, (3, 37))))
+    x = x.astype(np.float32).astype(np.float64)
+    got = rms_norm(x, splits=splits)
+    for row, out in zip(x, got, strict=True):
+        assert out.tolist() == _fraction_rms_norm(row, splits)
+
+
+def test_rms_norm_row_bits_depend_on_the_batch_unless_invariant():
+    assert [row_splits_for_batch(b) for b in (1, 8, 16, 32, 64, 128)] == [8, 8, 4, 2, 1, 1]
+    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32).astype(float)
+    together = rms_norm(x)
+    alone = np.concatenate([rms_norm(r[None]) for r in x])
+    assert np.array_equal(alone, rms_norm(x, splits=8))  # batch 1 splits every row in 8
+    assert (together != alone).any(axis=1).mean() > 0.5
+    inv = np.concatenate([rms_norm(r[None], invariant=True) for r in x])
+    assert np.array_equal(inv, rms_norm(x, invariant=True)) and np.array_equal(inv, together)
+    with pytest.raises(ValueError, match="batch, n"):
+        rms_norm(np.ones(4))
+    with pytest.raises(ValueError, match="splits"):
+        rms_norm(x, splits=0)

@@ -13,5 +13,7 @@ lines say which chapter. Concepts never import this package (tests/test_layers.p
 * ``allclose_demos`` -- chapter 7: a dot product by hand with directed rounding, every
   summation order, a matmul with a bug of known size;
 * ``quantize_runs`` -- chapter 9: what each FP8/MX/NVFP4 recipe keeps of the book's tensors,
-  outlier channels, a layer trained under a recipe, delayed-scaling traces.
+  outlier channels, a layer trained under a recipe, delayed-scaling traces;
+* ``at_scale`` -- chapter 10: a float32 training run whose gradient is all-reduced on
+  1, 2, 4 or 8 ranks.
 """

@@ -11,6 +11,11 @@ that keeps tiles x splits within `units` parallel units. A batch-invariant kerne
 strategy for every shape (`invariant_splits`), at the cost of fewer independent partial sums
 at small batches (`partial_sums`).
 
+A row-wise reduction has the same choice. `rms_norm` sums each row's squares with one
+thread block per row; `row_splits_for_batch` splits every row's sum over more blocks when
+the batch has fewer rows than the GPU has parallel units (`units`), so batch 1 adds the same
+row's squares in another order than batch 64. `invariant=True` uses one split at every batch.
+
 `decode` runs a tiny recurrent language model greedily, every matmul through such a kernel:
 bfloat16 operands and results, float32 accumulation, one rounding per add (`Kernel`).
 """
@@ -24,12 +29,15 @@ import numpy as np
 from ..checks import check_positive_int
 from ..rounding import round_to
 from .kernel import Kernel, run_matmul
+from .reductions import reduce_sum
 
 __all__ = [
     "TinyDecoder",
     "batch_kernel",
     "decode",
     "partial_sums",
+    "rms_norm",
+    "row_splits_for_batch",
     "score",
     "splits_for_batch",
 ]
@@ -45,6 +53,45 @@ def splits_for_batch(batch: int, n_out: int, *, tile: int = 16, units: int = 32,
     while s * 2 <= max_splits and tiles * s * 2 <= units:
         s *= 2
     return s
+
+
+def row_splits_for_batch(batch: int, *, units: int = 64, max_splits: int = 8) -> int:
+    """Blocks per row: the largest power of two s <= max_splits with batch * s <= units."""
+    b = check_positive_int(batch, "batch")
+    s = 1
+    while s * 2 <= check_positive_int(max_splits, "max_splits") \
+            and b * s * 2 <= check_positive_int(units, "units"):
+        s *= 2
+    return s
+
+
+def _fl32(a) -> np.ndarray:
+    return np.asarray(round_to(np.asarray(a, dtype=np.float64), "float32"), dtype=np.float64)
+
+
+def rms_norm(x, *, eps: float = 1e-6, invariant: bool = False,
+             splits: int | None = None) -> np.ndarray:
+    """y = fl32(x * fl32(1 / fl32(sqrt(fl32(fl32(S / n) + eps))))) per row, in float32.
+
+    x: (batch, n) array of float32 values. S, the row's sum of squares fl32(x_j^2), is added
+    in float32 in `splits` consecutive chunks, each summed sequentially, then the chunk sums
+    in order (reduce_sum's split_k; 1: sequential); splits = row_splits_for_batch(batch)
+    unless invariant (1 at every batch) or given. Every operation is rounded once (float64
+    then float32 is exact rounding for these), so the bits are the same on every machine.
+    """
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim != 2 or a.size == 0:
+        raise ValueError(f"x must be a non-empty (batch, n) array; got shape {a.shape}")
+    a = _fl32(a)
+    if splits is not None:
+        s = check_positive_int(splits, "splits")
+    else:
+        s = 1 if invariant else row_splits_for_batch(a.shape[0])
+    sq = _fl32(a * a)
+    ssum = reduce_sum(sq, "sequential" if s == 1 else "split_k", "float32", splits=s)
+    ms = _fl32(_fl32(np.asarray(ssum) / a.shape[1]) + float(_fl32(eps)))
+    inv = _fl32(1.0 / _fl32(np.sqrt(ms)))
+    return _fl32(a * inv[:, None])
 
 
 def partial_sums(batch: int, n_out: int, splits: int) -> int:

@@ -13,8 +13,10 @@ Each operand's quantizer is an `Operand`: a `quantize.Recipe` (or "bfloat16", a 
 or None for float32), an axis for its blocks, and nearest or stochastic rounding of the
 elements. A 2D tile recipe (NVFP4's 16x16 weight blocks) is the same whichever axis a product
 sums over, so the forward and backward products see one quantized weight. The products run in
-`linear`'s portable fixed-order float32 kernel; stochastic rounding and the Hadamard signs
-draw from NumPy generators seeded per layer and step, so a run is the same on every machine.
+`linear`'s portable fixed-order float32 kernel; stochastic rounding draws from a NumPy
+generator seeded per layer and consumed in call order, and the Hadamard's 16 random signs are
+drawn once per layer (from the generator of seed + 1) and kept for the whole run, so a run is
+the same on every machine.
 """
 
 from __future__ import annotations

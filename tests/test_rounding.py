@@ -542,14 +542,15 @@ def test_rounding_leaves_torch_thread_setting_alone():
 def test_python_numpy_and_numba_tiers_agree_bit_for_bit(monkeypatch, fmt, mode):
     """The three speeds of the same recipe: Python ints (tiny), NumPy words, the numba kernel."""
     import precisionlab.rounding as r
+    import precisionlab.rounding_kernel as rk
     gen = np.random.default_rng(7)
     for dtype in (np.float32, np.float64):
         x = (gen.standard_normal(3000) * np.exp2(gen.integers(-30, 30, 3000))).astype(dtype)
         x[:6] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30]
         results = []
         for numba_min, python_max in ((10**9, 0), (0, 0), (10**9, 10**6)):  # NumPy, numba, Python
-            monkeypatch.setattr(r, "_NUMBA_MIN_SIZE", numba_min)
-            monkeypatch.setattr(r, "_PYTHON_MAX_SIZE", python_max)
+            monkeypatch.setattr(rk, "NUMBA_MIN_SIZE", numba_min)
+            monkeypatch.setattr(rk, "PYTHON_MAX_SIZE", python_max)
             rng = np.random.default_rng(11) if mode == "stochastic" else None
             results.append(r.round_to(x, fmt, mode, rng, backend="emulated").view(np.uint8))
         np.testing.assert_array_equal(results[0], results[1])
@@ -558,11 +559,11 @@ def test_python_numpy_and_numba_tiers_agree_bit_for_bit(monkeypatch, fmt, mode):
 
 def test_the_tier_depends_on_the_input_length_only(monkeypatch):
     """No call history: every call of one length takes the same tier, NumPy below 4096 values, numba from 4096."""
-    import precisionlab.rounding as r
+    import precisionlab.rounding_kernel as rk
     tiers = []
-    numpy_words = r.numpy_words  # the tiers (rounding_kernel's), as rounding calls them
-    monkeypatch.setattr(r, "numpy_words", lambda *a: (tiers.append("numpy"), numpy_words(*a))[1])
-    monkeypatch.setattr(r, "numba_kernel", lambda *key: lambda *a: tiers.append("numba"))
+    numpy_words = rk.numpy_words  # the tiers, as emulate_into calls them
+    monkeypatch.setattr(rk, "numpy_words", lambda *a: (tiers.append("numpy"), numpy_words(*a))[1])
+    monkeypatch.setattr(rk, "numba_kernel", lambda *key: lambda *a: tiers.append("numba"))
     for n in [100] * 12_000 + [4095, 4096, 100]:  # 12,000 calls: more than the old ledger allowed
         round_to(np.ones(n, np.float32), "bfloat16", "up")
     assert tiers == ["numpy"] * 12_001 + ["numba", "numpy"]

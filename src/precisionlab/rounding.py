@@ -42,17 +42,13 @@ from .exact import as_float64
 from .formats import FORMATS, FloatFormat, get_format
 from .rounding_kernel import (
     DOWN,
-    F32,
-    F64,
     NEAREST_AWAY,
     NEAREST_EVEN,
     STOCHASTIC,
     TOWARD_ZERO,
     UP,
-    numba_kernel,
-    numpy_words,
-    python_words,
-    word_params,
+    emulate_into,
+    emulate_mx_into,
 )
 
 __all__ = [
@@ -145,25 +141,6 @@ def seed_generator(seed, name: str = "seed") -> np.random.Generator:
     return np.random.default_rng(int(seed))
 
 
-# --------------------------------------------------------------------------- which tier runs
-
-
-# The tier is a function of the input's length (all tiers give the same bits; only speed
-# differs). numba is the third tier: a cold compile costs about 0.3-1 s per kernel variant
-# (the first load from numba's on-disk cache in a process about 0.6 s, later variants
-# 10-30 ms), while NumPy rounds about 15 ns per value plus 20 us per call and numba is
-# 20-40x faster per value. Programs that round arrays of thousands of values do it
-# thousands of times (chapter 6's training rounds 4k-64k values some 50,000 times: 18 s on
-# NumPy, 3 s on numba, measured on a busy two-core machine), so from 4096 values on numba
-# takes over; the many short roundings of the other chapters (a few dozen values per call)
-# stay on NumPy.
-_PYTHON_MAX_SIZE = 4  # up to this many values, plain Python ints beat both array tiers
-_NUMBA_MIN_SIZE = 1 << 12
-# Threads pay off only on long arrays: waking them costs milliseconds on a busy machine,
-# far more than rounding a few thousand values, so shorter inputs take the serial build.
-_PARALLEL_MIN_SIZE = 1 << 16
-
-
 # --------------------------------------------------------------------------- public API
 
 
@@ -237,47 +214,6 @@ def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
     if torch_saturates is None or torch_saturates != bool(saturate):
         return None
     return lambda out: torch.from_numpy(out).copy_(torch.from_numpy(a).to(fmt.torch_dtype))
-
-
-def _emulate(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, generator,
-             saturate: bool):
-    """Write fl(a) into out by the add-then-clear recipe: Python, NumPy or numba tier."""
-    c = F32 if a.dtype == np.float32 else F64
-    src, dst = a.view(c.int_dtype).ravel(), out.view(c.int_dtype).reshape(-1)
-    params = word_params(fmt, c, saturate)
-    uniform = fmt.emin + c.bias <= 1  # fmt's normal range reaches down to the container's
-    seed = int(generator.integers(0, 2**63)) if code == STOCHASTIC else 0
-    if a.size <= _PYTHON_MAX_SIZE:
-        python_words(src, dst, params, code, seed, uniform)
-        return
-    if a.size < _NUMBA_MIN_SIZE:
-        numpy_words(src, dst, *params, code, seed, uniform)
-        return
-    # Follow torch's thread setting: one thread there means serial here too. numba's OpenMP
-    # layer resets the process-wide OpenMP thread count, which torch shares, so it is put back.
-    torch_threads = torch.get_num_threads()
-    parallel = a.size >= _PARALLEL_MIN_SIZE and torch_threads > 1
-    kernel = numba_kernel(code == STOCHASTIC, uniform, parallel)
-    kernel(src, dst, *params, seed if code == STOCHASTIC else code)
-    if parallel and torch.get_num_threads() != torch_threads:
-        torch.set_num_threads(torch_threads)
-
-
-def _emulate_mx(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, generator,
-                saturate: bool):
-    """fl(a) for the MX formats: float4/float6 saturate (no inf, no NaN); e8m0fnu is 2^k > 0 or NaN."""
-    if fmt.signed:  # float4_e2m1fn, float6_*: overflow and +-inf can only go to +-max_finite
-        _emulate(a, out, fmt, code, generator, True)
-        return  # a NaN input stays NaN: the format has no NaN, and ml_dtypes' zero would hide it
-    # float8_e8m0fnu: 2^-127 is a float32 subnormal, below the kernel's float32 range, so the
-    # kernel runs in float64, where e8m0fnu's grid is a 0-bit-mantissa format with emin = -127.
-    with np.errstate(invalid="ignore"):  # signalling NaNs widen quietly: they become NaN (0xFF)
-        wide = a.astype(np.float64)
-    r = np.empty_like(wide)
-    _emulate(wide, r, fmt, code, generator, saturate)
-    r[r == 0] = fmt.min_normal  # below 2^-127 there is no zero to round to: the smallest value
-    r[~(wide > 0)] = np.nan  # 0, -0, negatives and NaN have no encoding: NaN (0xFF), as ml_dtypes
-    np.copyto(out, r, casting="unsafe")  # every value 2^-127..2^127 is a float32: exact
 
 
 def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator | None = None,
@@ -401,9 +337,9 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
     if native is not None and (backend == "native" or (backend == "auto" and fmt.name in _AUTO_NATIVE)):
         native(out)
     elif fmt.has_nan and fmt.signed:
-        _emulate(a, out, fmt, code, generator, saturate)
+        emulate_into(a, out, fmt, code, generator, saturate)
     else:
-        _emulate_mx(a, out, fmt, code, generator, saturate)
+        emulate_mx_into(a, out, fmt, code, generator, saturate)
     return restore(out)
 
 

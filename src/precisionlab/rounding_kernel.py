@@ -9,8 +9,8 @@ random bits from SplitMix64(seed + i). The tiers: `python_words` runs the recipe
 (a handful of values), `numpy_words` as whole-array NumPy operations, and `numba_kernel` builds
 it as a fused numba loop, serial or parallel, from the same source (`_twin`). `word_params`
 gives the recipe's scalar arguments for a format in a container (`F32`, `F64`); the mode codes
-are the modes' positions in `rounding.MODES`. Which tier runs is `rounding`'s choice, by the
-input's length alone.
+are the modes' positions in `rounding.MODES`. Which tier runs depends on the input's length
+alone (`emulate_into`, `emulate_mx_into`: what `rounding.round_to` calls).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from .formats import FloatFormat
 
@@ -30,10 +31,15 @@ __all__ = [
     "F64",
     "NEAREST_AWAY",
     "NEAREST_EVEN",
+    "NUMBA_MIN_SIZE",
+    "PARALLEL_MIN_SIZE",
+    "PYTHON_MAX_SIZE",
     "STOCHASTIC",
     "TOWARD_ZERO",
     "UP",
     "Container",
+    "emulate_into",
+    "emulate_mx_into",
     "inline_word",
     "numba_kernel",
     "numpy_words",
@@ -313,3 +319,63 @@ def numpy_words(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bi
     np.copyto(r, it(nan_bits), where=mag > exp_mask)
     np.add(r, it(sign_value), out=dst, where=neg)
     np.copyto(dst, r, where=~neg)
+
+
+# --------------------------------------------------------------------------- which tier runs
+
+
+# The tier is a function of the input's length (all tiers give the same bits; only speed
+# differs). numba is the third tier: a cold compile costs about 0.3-1 s per kernel variant
+# (the first load from numba's on-disk cache in a process about 0.6 s, later variants
+# 10-30 ms), while NumPy rounds about 15 ns per value plus 20 us per call and numba is
+# 20-40x faster per value. Programs that round arrays of thousands of values do it
+# thousands of times (chapter 6's training rounds 4k-64k values some 50,000 times: 18 s on
+# NumPy, 3 s on numba, measured on a busy two-core machine), so from 4096 values on numba
+# takes over; the many short roundings of the other chapters (a few dozen values per call)
+# stay on NumPy.
+PYTHON_MAX_SIZE = 4  # up to this many values, plain Python ints beat both array tiers
+NUMBA_MIN_SIZE = 1 << 12
+# Threads pay off only on long arrays: waking them costs milliseconds on a busy machine,
+# far more than rounding a few thousand values, so shorter inputs take the serial build.
+PARALLEL_MIN_SIZE = 1 << 16
+
+
+def emulate_into(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, generator,
+                 saturate: bool) -> None:
+    """Write fl(a) into out by the add-then-clear recipe: Python, NumPy or numba tier."""
+    c = F32 if a.dtype == np.float32 else F64
+    src, dst = a.view(c.int_dtype).ravel(), out.view(c.int_dtype).reshape(-1)
+    params = word_params(fmt, c, saturate)
+    uniform = fmt.emin + c.bias <= 1  # fmt's normal range reaches down to the container's
+    seed = int(generator.integers(0, 2**63)) if code == STOCHASTIC else 0
+    if a.size <= PYTHON_MAX_SIZE:
+        python_words(src, dst, params, code, seed, uniform)
+        return
+    if a.size < NUMBA_MIN_SIZE:
+        numpy_words(src, dst, *params, code, seed, uniform)
+        return
+    # Follow torch's thread setting: one thread there means serial here too. numba's OpenMP
+    # layer resets the process-wide OpenMP thread count, which torch shares, so it is put back.
+    torch_threads = torch.get_num_threads()
+    parallel = a.size >= PARALLEL_MIN_SIZE and torch_threads > 1
+    kernel = numba_kernel(code == STOCHASTIC, uniform, parallel)
+    kernel(src, dst, *params, seed if code == STOCHASTIC else code)
+    if parallel and torch.get_num_threads() != torch_threads:
+        torch.set_num_threads(torch_threads)
+
+
+def emulate_mx_into(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, generator,
+                    saturate: bool) -> None:
+    """fl(a) for the MX formats: float4/float6 saturate (no inf, no NaN); e8m0fnu is 2^k > 0 or NaN."""
+    if fmt.signed:  # float4_e2m1fn, float6_*: overflow and +-inf can only go to +-max_finite
+        emulate_into(a, out, fmt, code, generator, True)
+        return  # a NaN input stays NaN: the format has no NaN, and ml_dtypes' zero would hide it
+    # float8_e8m0fnu: 2^-127 is a float32 subnormal, below the kernel's float32 range, so the
+    # kernel runs in float64, where e8m0fnu's grid is a 0-bit-mantissa format with emin = -127.
+    with np.errstate(invalid="ignore"):  # signalling NaNs widen quietly: they become NaN (0xFF)
+        wide = a.astype(np.float64)
+    r = np.empty_like(wide)
+    emulate_into(wide, r, fmt, code, generator, saturate)
+    r[r == 0] = fmt.min_normal  # below 2^-127 there is no zero to round to: the smallest value
+    r[~(wide > 0)] = np.nan  # 0, -0, negatives and NaN have no encoding: NaN (0xFF), as ml_dtypes
+    np.copyto(out, r, casting="unsafe")  # every value 2^-127..2^127 is a float32: exact

@@ -229,3 +229,18 @@ def test_argument_differences_name_parameters():
     assert blame.argument_differences(b.records[0], a.records[0]) == [
         "softmax's dim: reference -1, target -2"]
     assert tr(lambda z: z.softmax(-1), lambda z: z.softmax(-1), (x,)).verdict == "Type-I"
+
+
+def test_a_recurrent_layer_bug_names_the_parameter_not_the_initial_state():
+    """torch.lstm takes hx and its weights as lists: each element is compared as a tensor, so
+    the culprit names params[k] (the scaled weight) and not hx (equal zeros, other objects)."""
+    torch.manual_seed(0)
+    ref = nn.LSTM(4, 3, num_layers=2, batch_first=True).eval()
+    tgt = copy.deepcopy(ref)
+    with torch.no_grad():
+        tgt.weight_hh_l1.mul_(1 + 2**-6)
+    x = torch.randn(2, 5, 4)
+    r = diagnose.triage(lambda z: ref(z)[0], lambda z: tgt(z)[0], x)
+    assert r.verdict == "Type-II"
+    assert "lstm's params[5]" in r.culprit  # weight_ih_l0, weight_hh_l0, b, b, weight_ih_l1, hh
+    assert "hx" not in r.culprit

@@ -122,6 +122,44 @@ def test_zero_variance_without_eps_is_the_whole_line():
     assert inside(b, F.batch_norm(x, mean, var, eps=0.0)).all()
 
 
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("eps", [0.0, 1e-45])
+def test_tiny_inputs_whose_squares_underflow(fmt, eps):
+    """Batch statistics (and layer / RMS norm, `kernels.norm_rows`) of entries so small that
+    their squares underflow the internal format, or that float16's CPU batch and instance norm
+    hold a variance below its normal range: with eps 0 (or subnormal) torch gives inf, NaN or
+    values far from the exact ones (float32 x ~ 1e-22, bfloat16 x ~ 1e-39, float16 x ~ 3e-6),
+    which the bound holds (it was [1.67, 1.70] where float32's layer norm gave 2.16)."""
+    g = torch.Generator().manual_seed(11)
+    dt = DTYPES[fmt]
+    for scale in ({"float32": (1e-40, 1e-30, 1e-22), "bfloat16": (1e-40, 1e-39, 1e-22),
+                   "float16": (3e-6, 1e-4)}[fmt]):
+        x = (torch.randn(4, 6, 5, generator=g, dtype=torch.float64) * scale).to(dt)
+        lo, hi = box_around(x, 1e-2, g)
+        box = {id(lo): (lo.double().numpy(), hi.double().numpy())}
+        calls = [("batch_norm", lambda z: torch.batch_norm(z, None, None, None, None, True, 0.1,
+                                                           eps, False)),
+                 ("group_norm", lambda z: F.group_norm(z, 2, eps=eps)),
+                 ("instance_norm", lambda z: F.instance_norm(z, eps=eps)),
+                 ("layer_norm", lambda z: F.layer_norm(z, (5,), eps=eps)),
+                 ("rms_norm", lambda z: F.rms_norm(z, (5,), eps=eps))]
+        for name, fn in calls:
+            if name == "batch_norm":
+                args, f = (lo, None, None, None, None, True, 0.1, eps, False), torch.batch_norm
+            elif name == "group_norm":
+                args, f = (lo, 2, None, None, eps), F.group_norm
+            elif name == "instance_norm":
+                args, f = (lo, None, None, None, None, True, 0.1, eps), F.instance_norm
+            elif name == "layer_norm":
+                args, f = (lo, (5,), None, None, eps), F.layer_norm
+            else:
+                args, f = (lo, (5,), None, eps), F.rms_norm
+            b = rule_bound(name, f, args, {}, fmt, boxes=box)[0]
+            for pt in points_inside(lo, hi, 4, g):
+                ok = inside(b, fn(pt))
+                assert ok.all(), (name, fmt, scale, eps, np.argwhere(~ok)[:3])
+
+
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", NAMES)
 def test_infinite_and_nan_inputs(name, fmt):

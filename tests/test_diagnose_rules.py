@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from box_oracles import rule_bound
 from diagnose_models import MaskedEncoder, encoder_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -290,3 +291,16 @@ def test_planted_bugs_still_caught_after_the_fixes():
                         (s,))
     assert r.verdict == "Type-II" and r.blamed.widths_outside > 1
     assert math.isfinite(r.blamed.widths_outside)
+
+
+def test_abs_of_boxes_and_specials():
+    """abs (T5's relative positions; torch.abs, Tensor.abs, abs()): the box folded at 0, exact;
+    NaN only where the box is the whole line."""
+    x = torch.tensor([-3.0, -0.5, 0.0, 2.0, float("inf"), -float("inf"), float("nan")])
+    lo = np.array([-3.0, -0.5, -1.0, 2.0, 1.0, -np.inf, -np.inf])
+    hi = np.array([-2.0, 0.25, 1.0, 2.5, np.inf, -1.0, np.inf])
+    for name in ("abs", "__abs__"):
+        b = rule_bound(name, torch.abs, (x,), {}, "float32", boxes={id(x): (lo, hi)})[0]
+        np.testing.assert_array_equal(b.lo[:6], [2.0, 0.0, 0.0, 2.0, 1.0, 1.0])
+        np.testing.assert_array_equal(b.hi[:6], [3.0, 0.5, 1.0, 2.5, np.inf, np.inf])
+        assert inside(b, torch.abs(x)).all()

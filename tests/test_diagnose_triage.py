@@ -171,3 +171,49 @@ def test_recorded_values_survive_in_place_writes():
     assert torch.equal(trace(prog, (x,)).records[0].outs[0], y)  # before add_ wrote into it
     r = diagnose.triage(prog, prog, x)
     assert r.verdict == "Type-I" and not r.unsound
+
+
+class _BucketBias(torch.nn.Module):
+    """T5's relative attention bias in small: buckets from a log of the positions (integers
+    computed from float values), a table looked up by them, added to the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(8, 1)
+        self.register_buffer("one", torch.ones(()))  # not a wrapper of `table` (`_unwrapped`)
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[-1])
+        rel = (pos[None] - pos[:, None]).float().abs()
+        bucket = (torch.log(rel + 1) * 3).to(torch.long).clamp(max=7)
+        return x + self.table(bucket)[..., 0]
+
+
+def test_a_scaled_table_looked_up_by_float_derived_buckets_is_type_ii():
+    """The buckets are the reference's too (same_choice): the lookup is bounded by its rule, so a
+    table scaled by 1 + 2^-6 is Type-II, blamed on the table (it was bounded by 'any row' and
+    passed)."""
+    torch.manual_seed(0)
+    ref = _BucketBias()
+    x = torch.randn(2, 6, 6)
+    assert diagnose.triage(ref, ref, x).verdict == "Type-I"
+    tgt = copy.deepcopy(ref)
+    with torch.no_grad():
+        tgt.table.weight.mul_(1 + 2**-6)
+    r = diagnose.triage(ref, tgt, x)
+    assert r.verdict == "Type-II"
+    assert r.blamed.op.startswith("table: embedding")
+    assert "embedding's weight" in r.culprit
+
+
+def test_training_mode_running_statistics_are_restored():
+    """triage runs each program (twice with the logic pass): batch norm's running statistics in
+    training mode come back as they were."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).train()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    low = copy.deepcopy(m).to(torch.bfloat16)
+    r = diagnose.triage(m, low, torch.randn(2, 3, 6, 6), cast_inputs=True)
+    assert r.verdict == "Type-I"
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    assert int(low[1].num_batches_tracked) == 0

@@ -49,6 +49,8 @@ _PARAMS = {
     **{n: ("input", "exponent") for n in ("pow", "__pow__", "__rpow__", "float_power")},
     **{n: ("input", "dim", "_stacklevel", "dtype") for n in ("softmax", "log_softmax")},
     "layer_norm": ("input", "normalized_shape", "weight", "bias", "eps"),
+    **{n: ("input", "hx", "params", "has_biases", "num_layers", "dropout", "train",
+           "bidirectional", "batch_first") for n in ("lstm", "gru", "rnn_tanh", "rnn_relu")},
     "group_norm": ("input", "num_groups", "weight", "bias", "eps"),
     "rms_norm": ("input", "normalized_shape", "weight", "eps"),
     "batch_norm": ("input", "running_mean", "running_var", "weight", "bias", "training",
@@ -151,6 +153,18 @@ def _named(rec) -> dict:
     """A call's arguments by parameter name (positional ones named by `_PARAMS`)."""
     out = {_param(rec.name, k): a for k, a in enumerate(rec.args)}
     out.update(rec.kwargs)
+    return _spread(out)
+
+
+def _spread(args: dict) -> dict:
+    """Lists and tuples holding tensors (torch.lstm's hx and params) spread into one entry per
+    element, "params[3]", so that each is compared as a tensor (a list compares by identity)."""
+    out = {}
+    for key, a in args.items():
+        if isinstance(a, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in a):
+            out.update(_spread({f"{key}[{k}]": t for k, t in enumerate(a)}))
+        else:
+            out[key] = a
     return out
 
 

@@ -197,6 +197,21 @@ def same_call(rec, p, corr: dict):
     return (not why), why, (pairs if not why else {})
 
 
+def same_choice(rec, p) -> bool:
+    """Whether the reference's call p (rec's key) takes the very masks and indices rec takes: the
+    same name and, in order, equal integer and bool tensors. A choice computed from float values
+    (T5's relative-position buckets, from a log) is then known to be the reference's too, and rec
+    is bounded by its rule rather than by `unknown_choice`, though a leaf (a scaled table) or a
+    float input differs."""
+    if p is None or p.name != rec.name:
+        return False
+    a = [t for t in rec.ins if not t.is_floating_point()]
+    b = [t for t in p.ins if not t.is_floating_point()]
+    return len(a) == len(b) and all(
+        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.cpu(), y.cpu())
+        for x, y in zip(a, b, strict=True))
+
+
 def unknown_choice(rec, get, fmt: str) -> list:
     """Bounds of an operation whose mask or indices come from float values (x > 0, argmax):
     the reference may choose differently. where / masked_fill: either branch; others: unknown."""

@@ -66,6 +66,7 @@ from .pairing import (
     leaf_of,
     leaf_wide,
     same_call,
+    same_choice,
     unknown_choice,
 )
 from .shown import Shown, torch_forward
@@ -314,6 +315,21 @@ def _roots(fn) -> list:
     return found
 
 
+def _training_buffers(roots) -> list:
+    """(buffer, its value) for the buffers of modules in training mode (batch norm's running
+    statistics and num_batches_tracked), restored after the run: triage runs each program once
+    or twice, and a reader's model must not come back with statistics updated by them."""
+    out, seen = [], set()
+    for _, root in roots:
+        for mod in root.modules():
+            if mod.training:
+                for b in mod.buffers(recurse=False):
+                    if id(b) not in seen:
+                        seen.add(id(b))
+                        out.append((b, b.detach().clone()))
+    return out
+
+
 def trace(fn, inputs, name: str = "the program", eager: bool = False,
           output: str | None = None) -> _Trace:
     """Run fn(*inputs) (fn(**inputs) for a dict) once under no_grad, recording its float-valued
@@ -324,7 +340,9 @@ def trace(fn, inputs, name: str = "the program", eager: bool = False,
     tr = _Trace(eager)
     tr.inputs = ins
     paths: dict = {}  # id(module) -> (module, its path: the first name it is found under)
-    for prefix, root in _roots(fn):
+    roots = _roots(fn)
+    saved = _training_buffers(roots)
+    for prefix, root in roots:
         for sub, mod in root.named_modules():
             if id(mod) not in paths:
                 paths[id(mod)] = (mod, ".".join(x for x in (prefix, sub) if x))
@@ -367,6 +385,9 @@ def trace(fn, inputs, name: str = "the program", eager: bool = False,
     finally:
         for h in hooks:
             h.remove()
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
     outs = output_tensors(out, output, name)
     if tr.written():
         return trace(fn, inputs, name, eager=True, output=output)
@@ -624,7 +645,8 @@ def triage(reference, target, inputs, kernels: Mapping | None = None,
         else:
             fmts = coarsest({fmts[0]} | ref_fmts)
         ffmt = fmts[0] if len(fmts) == 1 else widest(fmts)  # for the detection floors
-        dd = rec.index not in matched and any(id(t) in tt.dd for t in rec.ins)
+        dd = rec.index not in matched and any(id(t) in tt.dd for t in rec.ins) and not \
+            same_choice(rec, by_key.get(keyf(rec)))
         if _on_hulls(rec, matched, anchor, by_key.get(keyf(rec))):
             bs = None  # each output checked against the hull of both programs' outputs
         elif rec.name in _CREATE:  # a constant: like a leaf (the reference may hold it coarser)

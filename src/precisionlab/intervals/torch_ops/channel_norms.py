@@ -138,6 +138,8 @@ def running_stats_bound(x: Interval, mean: Interval, var: Interval, w: Interval 
         uf = u_out(fmt)
         r = ((8 * u + 4 * uf) * (_mag(x) + _mag(m)) * _mag(s) + 4 * u * _mag(bc)
              + 2 * u * _mag(y) + 2 * uf * (_mag(ds) + _mag(bc) + _mag(y)))
+        if uf:  # beta and the result rounded into the dtype below its normal range
+            r = r + 2 * get_format(fmt).min_normal
     r = np.where(np.isnan(r), np.inf, r)
     free = np.broadcast_to(bad | nan_s, x.shape) | nan_d | whole(x)
     return nan_where(round_into(widen_abs(y, r), fmt), free)
@@ -176,8 +178,8 @@ def batch_stats_bound(x: Interval, rows: int, w: Interval | None, b: Interval | 
         none = np.zeros(1)
         kernels.norm_rows(fused.flat(x.lo), fused.flat(x.hi), rows, n, False, e_lo, e_hi, False,
                           none, none, False, none, none, gamma(n + 4, 2.0**-53), f.unit_roundoff,
-                          u_out(fmt), f.max_finite, *rounding("float64"), lo.reshape(-1),
-                          hi.reshape(-1))
+                          u_out(fmt), f.max_finite, _tiny(fmt), *rounding("float64"),
+                          lo.reshape(-1), hi.reshape(-1))
     xh = mk(lo, hi)
     free = whole(xh)
     wc = _per_channel(w, x.ndim, 1.0)
@@ -189,13 +191,22 @@ def batch_stats_bound(x: Interval, rows: int, w: Interval | None, b: Interval | 
         r = (2 * u * (_mag(xw) + _mag(bc)) + u * _mag(y)
              + 2 * uf * (_mag(xw) + _mag(bc) + _mag(y)))
         if uf and x.lo.size:  # alpha = w r and beta = b - mean alpha kept in the dtype
-            big = _row_scale(x, rows, n, e_lo).reshape(x.shape) * _mag(wc)
+            big = _row_scale(x, rows, n, e_lo, _tiny(fmt), fmt).reshape(x.shape) * _mag(wc)
             r = r + 8 * uf * big
     r = np.where(np.isnan(r), np.inf, r)
     return nan_where(round_into(widen_abs(y, r), fmt), free | nan_w)
 
 
-def _row_scale(x: Interval, rows: int, n: int, eps_lo: float) -> np.ndarray:
+def _tiny(fmt: str) -> float:
+    """The smallest normal below which the variance's absolute error is unbounded relative to
+    it: the internal format's (its squares underflow), or float16's, whose CPU kernels for
+    batch and instance norm may hold the variance in the dtype (x ~ 3e-6 with eps = 0 gives
+    NaN there: the variance underflows to 0)."""
+    return max(get_format(internal(fmt)).min_normal, get_format(fmt).min_normal)
+
+
+def _row_scale(x: Interval, rows: int, n: int, eps_lo: float, tiny: float,
+               fmt: str) -> np.ndarray:
     """max|x| / std per row of n entries, an upper bound over the box (float64, with the slack
     of `kernels.norm_rows`: the mean's interval from the sums of the ends, the variance's lower
     bound from the squares of x - mean), broadcast to the row's entries."""
@@ -208,9 +219,12 @@ def _row_scale(x: Interval, rows: int, n: int, eps_lo: float) -> np.ndarray:
         m_hi = up(hi.sum(-1, keepdims=True) / n + 2 * g * sl)
         d_lo, d_hi = down(lo - m_hi), up(hi - m_lo)
         sq = np.where((d_lo <= 0) & (d_hi >= 0), 0.0, np.minimum(d_lo * d_lo, d_hi * d_hi))
-        v_lo = np.maximum(sq.sum(-1, keepdims=True) / n * (1 - 4 * g), 0.0)
+        v_lo = np.maximum(sq.sum(-1, keepdims=True) / n * (1 - 4 * g)
+                          - 4 * tiny, 0.0)  # the squares' underflow (`_tiny`)
         r_hi = up(1.0 / down(np.sqrt(down(v_lo + eps_lo))) * (1 + 4 * g))
-        out = mag.max(-1, keepdims=True) * r_hi
+        # and the mean kept in the dtype below its normal range: an absolute error up to its
+        # smallest normal (bfloat16 x ~ 1e-40 with eps 1e-45: 8.5% of y), 1/(8 uf) of it here
+        out = (mag.max(-1, keepdims=True) + get_format(fmt).min_normal / (8 * u_out(fmt))) * r_hi
     out = np.where(np.isnan(out), np.inf, out)
     return np.broadcast_to(out, (rows, n))
 

@@ -156,11 +156,14 @@ def mm_close(pm, prod, nb, nm, nn, leaf, rows, rho, tau, c_up, c_add, orel, ncol
 
 @numba.njit(cache=True, error_model="numpy")
 def norm_rows(lo, hi, nrow, n, rms, eps_lo, eps_hi, has_w, wlo, whi, has_b, blo, bhi, g, u, uf,
-              limit, mbits, emin, top, q, out_lo, out_hi):
+              limit, tiny, mbits, emin, top, q, out_lo, out_hi):
     """The norm rule of `rows` (`_norm_rule`) per row of n entries (layer norm, or RMS norm when
     rms), its float64 steps in the same order (sums by `F.rowsum`); a row holding an infinite
     end, or whose squares may overflow (4 n max|x|^2 >= limit), the whole line; rounded outward
-    into the format when mbits >= 0."""
+    into the format when mbits >= 0. tiny, the internal format's smallest normal: squares below
+    it underflow (their relative error is unbounded), so the variance gets an absolute slack of
+    4 tiny and the mean one of 2 n u tiny (n roundings on the subnormal grid); with eps = 0 a
+    row whose variance may be below 4 tiny is the whole line (1 / sqrt(0) may be inf or NaN)."""
     d_lo, d_hi = np.empty(n), np.empty(n)
     t = np.empty(4 * n)  # rows of terms to sum
     sums = np.empty(4)
@@ -186,7 +189,8 @@ def norm_rows(lo, hi, nrow, n, rms, eps_lo, eps_hi, has_w, wlo, whi, has_b, blo,
                 sums[k] = 0.0 + F.rowsum(t, k * n, n)
             m_lo, m_hi = sums[0] / n, sums[1] / n
             sl = sums[2] / n + sums[3] / n
-            m_lo, m_hi = F.nxt(m_lo - g * sl, -1.0), F.nxt(m_hi + g * sl, 1.0)
+            sl = g * sl + 2 * n * u * tiny
+            m_lo, m_hi = F.nxt(m_lo - sl, -1.0), F.nxt(m_hi + sl, 1.0)
             for j in range(n):
                 d_lo[j], d_hi[j] = F.nxt(lo[o + j] - m_hi, -1.0), F.nxt(hi[o + j] - m_lo, 1.0)
         for j in range(n):  # squares (`_square`)
@@ -196,8 +200,8 @@ def norm_rows(lo, hi, nrow, n, rms, eps_lo, eps_hi, has_w, wlo, whi, has_b, blo,
             t[n + j] = F.nxt(max(a, b), 1.0)
         for k in range(2):
             sums[k] = 0.0 + F.rowsum(t, k * n, n)
-        v_lo = F.nxt(sums[0] / n * (1 - g), -1.0)
-        v_hi = F.nxt(sums[1] / n * (1 + g), 1.0)
+        v_lo = F.nxt(sums[0] / n * (1 - g) - 4 * tiny, -1.0)
+        v_hi = F.nxt(sums[1] / n * (1 + g) + 4 * tiny, 1.0)
         r_hi = F.nxt(1.0 / np.sqrt(F.nxt(max(v_lo, 0.0) + eps_lo, -1.0)) * (1 + g), 1.0)
         r_lo = F.nxt(1.0 / np.sqrt(F.nxt(v_hi + eps_hi, 1.0)) * (1 - g), -1.0)
         r_lo = 0.0 if r_lo != r_lo else r_lo

@@ -133,8 +133,9 @@ def _norm_rule(x: Interval, nshape, w, b, eps, fmt: str, rms: bool = False):
     result may keep x-hat, x-hat w and the sum with b in its format (2 u of each more).
 
     Per row, in float64 stepped outward (`kernels.norm_rows`): the mean's interval from the
-    sums of lo and hi, slack gamma_(n+4) sum |x| / n; d = x - mean; the variance from d's squares
-    (gamma_(n+4) relative); 1 / sqrt(var + eps) (gamma relative); y = d r (w) (+ b), widened
+    sums of lo and hi, slack gamma_(n+4) sum |x| / n (and 2 n u tiny, tiny the internal format's
+    smallest normal); d = x - mean; the variance from d's squares (gamma_(n+4) relative, and
+    4 tiny absolute: squares below tiny underflow); 1 / sqrt(var + eps) (gamma relative); y = d r (w) (+ b), widened
     by u ((2 n + 16) max|x| r_hi |w| + 4 |y| + 2 |b|) + 2 u_fmt (2 |x-hat| |w| + |b| + |y|);
     rounded outward into fmt. A row with an infinite end, or whose squares may overflow the
     internal format (4 n max|x|^2 >= its largest finite), is the whole line."""
@@ -149,7 +150,7 @@ def _norm_rule(x: Interval, nshape, w, b, eps, fmt: str, rms: bool = False):
     kernels.norm_rows(fused.flat(x.lo), fused.flat(x.hi), lo.size // n, n, rms, float(eps_lo),
                       float(eps_hi), w is not None, wlo, whi, b is not None, blo, bhi, g,
                       get_format(internal(fmt)).unit_roundoff, u_out(fmt),
-                      get_format(internal(fmt)).max_finite,
+                      get_format(internal(fmt)).max_finite, get_format(internal(fmt)).min_normal,
                       *rounding(fmt), lo.reshape(-1), hi.reshape(-1))
     return mk(lo, hi)
 

@@ -468,6 +468,15 @@ def _r_neg(rec, get, fmt):
     return [mk(-x.hi, -x.lo)]
 
 
+def _r_abs(rec, get, fmt):
+    """|x|: exact, the box folded at 0 (NaN may come out where x has no information)."""
+    x = get(rec.args[0])
+    with np.errstate(invalid="ignore"):
+        lo = np.where(x.lo >= 0, x.lo, np.where(x.hi <= 0, -x.hi, 0.0))
+        hi = np.maximum(np.abs(x.lo), np.abs(x.hi))
+    return [nan_where(round_into(mk(lo, hi), fmt), whole(x))]
+
+
 def _r_amax(rec, get, fmt):
     x = get(rec.args[0])
     dim = arg(rec.args, rec.kwargs, 1, "dim", ())
@@ -503,6 +512,7 @@ RULES = {
     "exp": _r_unary(torch.exp, _FN_ULPS), "log": _r_unary(torch.log, _FN_ULPS, domain=True),
     "sqrt": _r_sqrt, "rsqrt": _r_rsqrt, "pow": _r_pow, "__pow__": _r_pow, "square": None,
     "neg": _r_neg, "__neg__": _r_neg, "negative": _r_neg,
+    "abs": _r_abs, "__abs__": _r_abs, "absolute": _r_abs,
     "sum": rule_sum(False), "mean": rule_sum(True), "amax": _r_amax,
     "where": _r_where, "cross_entropy": rule_cross_entropy, **LAYER_RULES, **TRIG_RULES,
     **POOL_RULES, **NORM_RULES, **RECURRENT_RULES,

@@ -62,8 +62,10 @@ def vacuous_asserts(source: str) -> list[str]:
 
 def _cell_source(text: str) -> str:
     """A code cell as Python: IPython magics and shell escapes dropped."""
-    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line
-                     for line in text.splitlines())
+    def magic(line: str) -> bool:  # a line that begins with != continues an expression
+        s = line.lstrip()
+        return s.startswith("%") or (s.startswith("!") and not s.startswith("!="))
+    return "\n".join("" if magic(line) else line for line in text.splitlines())
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

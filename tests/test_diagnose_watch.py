@@ -65,7 +65,10 @@ def test_float16_overflow_is_caught_at_the_step_it_happens():
     assert acts[1].headroom("float16") == pytest.approx(math.log2(65504 / (256 * 201)))
     grads = [r for r in report.records if r.kind == "param grad"]
     assert [g.amax for g in grads] == [256.0, 256.0]
-    assert "step 64, forward, fc: linear#0" in report.summary()
+    assert "step 64, forward, fc: linear#0" in report.first_nonfinite.headline()
+    for text in (report.summary(), report.first_nonfinite.describe(),
+                 report.table().to_text()):  # the book's 80 columns
+        assert all(len(line) <= 80 for line in text.splitlines()), text
 
 
 def test_raise_halts_at_the_first_nonfinite_and_dump_saves_the_inputs(tmp_path):
@@ -154,6 +157,64 @@ def test_log_of_zero_and_division_by_a_zero_norm_are_named():
     ev = w.report.first_nonfinite
     assert (ev.op, ev.mechanism, ev.chapter) == ("norm: div#0", "div_underflowed_norm",
                                                  4)
+
+
+class _Scores(nn.Module):
+    """Attention whose scores are computed in its own code, between its two children."""
+
+    def __init__(self):
+        super().__init__()
+        self.qk, self.out = nn.Linear(4, 8), nn.Linear(4, 4)
+
+    def forward(self, x):
+        q, k = self.qk(x).chunk(2, dim=-1)
+        return self.out(torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ x)
+
+
+def test_an_inf_made_by_a_parent_modules_own_code_is_named_there():
+    # float16 scores past 65504, computed in the attention module's own code: the first module
+    # output that is not finite is its child `out`'s (NaN in, from the softmax of inf rows);
+    # the watch names the product that overflowed, not `out` with "the batch is not finite"
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(attn=_Scores())).half()
+    with torch.no_grad():
+        model.attn.qk.weight.fill_(1.0)
+        model.attn.qk.bias.zero_()
+    x = torch.full((1, 3, 4), 100.0, dtype=torch.float16)  # q = k = 400: q.k = 640000
+    with diagnose.watch(model, every=1, formats=("float16",)) as w:
+        model(x)
+        w.step()
+    (ev,) = w.report.events
+    assert (ev.step, ev.op, ev.mechanism) == (0, "attn: matmul#0", "overflow")
+    assert ev.module == "attn"
+    with pytest.raises(diagnose.NonFiniteError) as err, diagnose.watch(
+            model, every=1, formats=("float16",), on_nonfinite="raise"):
+        model(x)  # raised when the attention's forward ends, with the product named
+    assert err.value.event.op == "attn: matmul#0"
+    # an inf made between two modules in no_grad code of the model itself
+    class Between(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 1)
+
+        def forward(self, x):
+            with torch.no_grad():
+                h = self.a(x)
+            return self.b(h * 1e30)
+    torch.manual_seed(0)
+    m = Between()
+    with diagnose.watch(m, every=1) as w:
+        m(torch.full((1, 2), 1e10)).sum().backward()
+        w.step()
+    ev = w.report.first_nonfinite
+    assert (ev.op, ev.mechanism) == ("mul#0", "overflow")
+    # a NaN in the batch is still the batch's
+    seq = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+    with diagnose.watch(seq, every=1) as w:
+        seq(torch.tensor([[1.0, math.nan, 0.0]]))
+        w.step()
+    ev = w.report.first_nonfinite
+    assert (ev.op, ev.mechanism) == ("0: linear#0", "nonfinite_input")
 
 
 def test_gradscaler_skipped_steps_are_each_explained():

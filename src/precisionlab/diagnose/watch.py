@@ -169,6 +169,7 @@ class Watch:
         self._amaxes = np.full(n, -1.0)
         self._tags: dict[int, _Tag] = {}
         self._fwd_event = self._bwd_event = None
+        self._pending: str | None = None  # a module whose non-finite input no module made
         self._step_events: list[NonFinite] = []
         self._update = None
         self._recording = self._step % self.every == 0
@@ -210,6 +211,9 @@ class Watch:
             if leaf and self._recording and grad and not tag.counted and tag.leaf == path:
                 tag.counted = True
                 self._add(path, _ACT, *tensor_counts(t, self._bounds, tag.amax))
+        if self._pending is not None and self._pending != path and (
+                not path or self._pending.startswith(path + ".")):
+            self._resolve(path, module, args, kwargs)
         if grad:
             for t in tensors(list(args)) + tensors(list(kwargs.values())):
                 if t.is_floating_point() and t.requires_grad:
@@ -268,15 +272,62 @@ class Watch:
             name, a, kw, o = f"{type(module).__name__}.forward", args, kwargs, out
             label = f"{path + ': ' if path else ''}{name}"
         mech, detail = forward_mechanism(name, tuple(a), dict(kw), o, self._params)
+        ev = self._forward_record(path, module, args, kwargs, label, mech, detail, a, kw, o)
+        self._fwd_event = ev
+        if mech == "nonfinite_input" and path and not self._sharded and any(
+                not bool(torch.isfinite(t).all()) and self._made_outside(t)
+                for t in tensors(list(args)) + tensors(list(kwargs.values()))
+                if t.is_floating_point()):
+            # no module made that input: an enclosing module's own code did (or the batch);
+            # re-run the enclosing modules as their forwards end (`_resolve`)
+            self._pending = path
+            self._step_events.append(ev)
+            return
+        self._event(ev)
+
+    def _made_outside(self, t: torch.Tensor) -> bool:
+        tag = self._tag_of(t)
+        return tag is None or tag.module is None
+
+    def _forward_record(self, path, module, args, kwargs, label, mech, detail, a, kw, o):
         ins = [t for t in tensors(list(a)) + tensors(list(kw.values())) if t.is_floating_point()]
         ranges = tuple(tensor_range(t, self._pnames.get(id(t), f"input {k}"))
                        for k, t in enumerate(ins))
         dump = self._dump(path, {"args": args, "kwargs": kwargs}, module) \
             if self.on_nonfinite == "dump" else ""
-        ev = NonFinite(self._step, "forward", path, label, mech, detail, ranges,
-                       tensor_range(o, "output"), self._rank, dump)
-        self._fwd_event = ev
-        self._event(ev)
+        return NonFinite(self._step, "forward", path, label, mech, detail, ranges,
+                         tensor_range(o, "output"), self._rank, dump)
+
+    def _resolve(self, path, module, args, kwargs) -> None:
+        """An enclosing module of the pending one ended its forward: re-run it to find the
+        operation of its own code that made the non-finite input, and replace the pending
+        event with it; else keep looking outwards, up to the model, and report the event."""
+        ev = self._fwd_event
+        self._replaying = True
+        try:
+            op = replay(module, path, args, kwargs)
+        finally:
+            self._replaying = False
+        found = None
+        if op is not None and not op.mask:
+            mech, detail = forward_mechanism(op.name, tuple(op.args), dict(op.kwargs), op.out,
+                                             self._params)
+            if mech != "nonfinite_input":
+                found = self._forward_record(path, module, args, kwargs, op.label, mech,
+                                             detail, op.args, op.kwargs, op.out)
+        if found is None and path:
+            self._pending = path if any(
+                not bool(torch.isfinite(t).all()) and self._made_outside(t)
+                for t in tensors(list(args)) + tensors(list(kwargs.values()))
+                if t.is_floating_point()) else None
+            if self._pending is not None:
+                return
+        self._pending = None
+        if found is not None:
+            self._step_events[self._step_events.index(ev)] = found
+            self._fwd_event = ev = found
+        if self.on_nonfinite == "raise" and self._world == 1:
+            raise NonFiniteError(ev)
 
     def _backward_event(self, module: str, op: str, g: torch.Tensor) -> None:
         mech, detail = backward_mechanism(g, self._scale_now())
@@ -341,6 +392,10 @@ class Watch:
 
     def _end_step(self, loss=None) -> None:
         s = self._step
+        if self._pending is not None:  # no enclosing module ended (a submodule called alone)
+            self._pending = None
+            if self.on_nonfinite == "raise" and self._world == 1:
+                raise NonFiniteError(self._fwd_event)
         if self._recording:
             for path in self._owners:
                 for p in self._modules[path].parameters(recurse=False):

@@ -8,6 +8,7 @@ the steps, and the JSON-lines records the watch writes.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +54,13 @@ MECHANISMS: dict[str, tuple[int, str, str]] = {
                 "NaN from finite inputs; torch.autograd.detect_anomaly names a backward "
                 "function"),
 }
+
+
+def _fill(line: str, width: int = 80) -> str:
+    """line wrapped at width, continuation lines indented 2 more than its own indent."""
+    pad = " " * (len(line) - len(line.lstrip()))
+    return textwrap.fill(line, width, initial_indent="", subsequent_indent=pad + "  ",
+                         break_long_words=False, break_on_hyphens=False)
 
 
 def headroom(amax: float, fmt) -> float:
@@ -143,12 +151,18 @@ class NonFinite:
         """The chapter that explains the mechanism."""
         return MECHANISMS[self.mechanism][0]
 
-    def describe(self) -> str:
-        """Several lines: where, which mechanism, the chapter, the ranges, the fix."""
-        chapter, what, fix = MECHANISMS[self.mechanism]
+    def headline(self) -> str:
+        """One line (unwrapped): where, which mechanism, the chapter."""
+        chapter, what, _ = MECHANISMS[self.mechanism]
         where = f"step {self.step}, {self.phase}, {self.op or self.module or '(model output)'}"
         rank = f" on rank {self.rank}" if self.rank else ""
-        lines = [f"first inf/NaN at {where}{rank}: {what} (chapter {chapter})"]
+        return f"first inf/NaN at {where}{rank}: {what} (chapter {chapter})"
+
+    def describe(self) -> str:
+        """Lines of at most 80 characters: where, which mechanism, the chapter, the ranges,
+        the fix."""
+        fix = MECHANISMS[self.mechanism][2]
+        lines = [self.headline()]
         if self.detail:
             lines.append(f"  {self.detail}")
         lines += [f"  in  {r}" for r in self.inputs]
@@ -157,7 +171,7 @@ class NonFinite:
         lines.append(f"  fix: {fix}")
         if self.dump:
             lines.append(f"  inputs saved to {self.dump}")
-        return "\n".join(lines)
+        return "\n".join(_fill(line) for line in lines)
 
     __str__ = describe
 
@@ -309,7 +323,7 @@ class WatchReport(Report):
         if ev is None:
             lines.append(f"no inf or NaN in {self.steps} steps")
         else:
-            lines.append(ev.describe().splitlines()[0]
+            lines.append(ev.headline()
                          + (f" ({len(self.events)} steps with inf/NaN)"
                             if len(self.events) > 1 else ""))
         if self.skips:
@@ -322,7 +336,7 @@ class WatchReport(Report):
                 w = min(fin, key=lambda r: r.headroom(f))
                 lines.append(f"{f}: least headroom {_hr(w.headroom(f))} binades ({w.module} "
                              f"{w.kind}, step {w.step})")
-        return "\n".join(lines)
+        return "\n".join(_fill(line) for line in lines)
 
     def table(self, limit: int = 40) -> Table:
         """Per layer and kind, worst over the recorded steps: amax, and per format the
@@ -352,7 +366,7 @@ class WatchReport(Report):
                         for w in ("flushed", "subnormal", "overflow")]
             rows.append(row)
         return Table(heads, rows_fit(rows, limit) if rows else [],
-                     align="ll" + "r" * (len(heads) - 2), width=100, key=2,
+                     align="ll" + "r" * (len(heads) - 2), width=80, key=2,
                      note="hr: headroom log2(max finite / amax) in binades; 0, sub, ovf: the "
                           "largest share of a step's entries a cast would flush to zero, leave "
                           "subnormal or overflow")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 __all__ = ["CAST_HINT", "Inputs", "as_inputs", "call", "cast", "for_program", "modules_of",
-           "output_tensors", "param_dtype", "tensors"]
+           "named_modules_of", "output_tensors", "param_dtype", "tensors"]
 
 CAST_HINT = "cast_inputs=True"  # the keyword every diagnosis takes for it
 
@@ -78,29 +78,34 @@ def as_inputs(batch, name: str = "batch") -> Inputs:
                      f"keyword inputs (model(**{name})); got {name}={type(batch).__name__}")
 
 
-def modules_of(fn) -> list:
-    """The Modules whose parameters fn runs with: fn itself when it is a Module; for a function or
-    method, the Module it is bound to and the Modules it closes over or names as globals."""
+def named_modules_of(fn) -> list:
+    """(name, Module) for each Module fn runs with, each once: ("", fn) when fn is a Module; for
+    a function or method, ("", the Module it is bound to), then the Modules it closes over or
+    names as globals, under their variable names."""
     if isinstance(fn, torch.nn.Module):
-        return [fn]
-    found = []
-    owner = getattr(fn, "__self__", None)
-    if isinstance(owner, torch.nn.Module):
-        found.append(owner)
+        return [("", fn)]
+    found: list = []
+
+    def add(name, v):
+        if isinstance(v, torch.nn.Module) and all(v is not m for _, m in found):
+            found.append((name, v))
+    add("", getattr(fn, "__self__", None))
     code = getattr(fn, "__code__", None)
-    for cell in getattr(fn, "__closure__", None) or ():
+    names = code.co_freevars if code is not None else ()
+    for name, cell in zip(names, getattr(fn, "__closure__", None) or (), strict=False):
         try:
-            v = cell.cell_contents
+            add(name, cell.cell_contents)
         except ValueError:  # an empty cell
             continue
-        if isinstance(v, torch.nn.Module) and all(v is not m for m in found):
-            found.append(v)
     glob = getattr(fn, "__globals__", {})
     for name in (code.co_names if code is not None else ()):
-        v = glob.get(name)
-        if isinstance(v, torch.nn.Module) and all(v is not m for m in found):
-            found.append(v)
+        add(name, glob.get(name))
     return found
+
+
+def modules_of(fn) -> list:
+    """The Modules whose parameters fn runs with (`named_modules_of`, without the names)."""
+    return [m for _, m in named_modules_of(fn)]
 
 
 def param_dtype(fn) -> torch.dtype | None:

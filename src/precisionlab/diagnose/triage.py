@@ -55,7 +55,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import intervals as iv
 from ..intervals import torch_ops as bd
-from .batch import as_inputs, call, for_program, output_tensors, tensors
+from .batch import as_inputs, call, for_program, named_modules_of, output_tensors, tensors
 from .blame import Blame, count_differences, explain
 from .floors import widest
 from .logic import with_logic_pass
@@ -286,32 +286,12 @@ def _unwrapped(m: torch.nn.Module) -> torch.nn.Module:
 
 
 def _roots(fn) -> list:
-    """(path prefix, Module) pairs whose submodules name the calls: fn itself when it is a Module
-    (a wrapper: the model it wraps); for a function or method, the Modules it closes over or is
-    bound to (one: no prefix; several: the closure variable's name)."""
-    if isinstance(fn, torch.nn.Module):
-        return [("", _unwrapped(fn))]
-    found = []
-    owner = getattr(fn, "__self__", None)
-    if isinstance(owner, torch.nn.Module):
-        found.append(("", owner))
-    code = getattr(fn, "__code__", None)
-    cells = getattr(fn, "__closure__", None) or ()
-    names = code.co_freevars if code is not None else ()
-    for name, cell in zip(names, cells, strict=False):
-        try:
-            v = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if isinstance(v, torch.nn.Module):
-            found.append((name, v))
-    glob = getattr(fn, "__globals__", {})
-    for name in (code.co_names if code is not None else ()):
-        v = glob.get(name)
-        if isinstance(v, torch.nn.Module) and all(v is not m for _, m in found):
-            found.append((name, v))
+    """(path prefix, Module) pairs whose submodules name the calls (`batch.named_modules_of`):
+    one Module (fn itself, or the one it is bound to or closes over; a wrapper: the model it
+    wraps) names them without a prefix, several by their variable names."""
+    found = named_modules_of(fn)
     if len(found) == 1:
-        return [("", found[0][1])]
+        return [("", _unwrapped(found[0][1]))]
     return found
 
 

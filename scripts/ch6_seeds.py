@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from precisionlab import rl
+from precisionlab.chapters import rl_findings as findings
 from precisionlab.rl import with_changes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +97,7 @@ def main() -> None:
     start = time.perf_counter()
     logs = {seed: train_seed(seed, configs) for seed in SEEDS}
     runtime = time.perf_counter() - start
-    weight_means = {f"{seed}.{name}": rl.weight_means(logs[seed][name])
+    weight_means = {f"{seed}.{name}": findings.weight_means(logs[seed][name])
                     for seed in SEEDS for name in RECORDED}
     for seed in SEEDS:
         for log in logs[seed].values():
@@ -116,7 +117,7 @@ def main() -> None:
     rl.save_runs(args.out, logs, meta)
     print(f"wrote {args.out} and {args.out.with_suffix('.npz').name} in {runtime:.0f} s")
     for name in configs:
-        print(f"{name:>28}: steps to -2 {rl.steps_to_target(logs, name)}, final "
+        print(f"{name:>28}: steps to -2 {findings.steps_to_target(logs, name)}, final "
               f"{[round(logs[s][name].final_reward(), 2) for s in SEEDS]}")
 
 

@@ -75,8 +75,10 @@ def code_of(path: Path) -> str:
         return text
     cells = json.loads(text)["cells"]
     lines = ("".join(c["source"]).splitlines() for c in cells if c["cell_type"] == "code")
-    return "\n".join(line for cell in lines for line in cell
-                     if not line.lstrip().startswith(("!", "%")))
+    def magic(line: str) -> bool:  # a line that begins with != continues an expression
+        s = line.lstrip()
+        return s.startswith("%") or (s.startswith("!") and not s.startswith("!="))
+    return "\n".join(line for cell in lines for line in cell if not magic(line))
 
 
 def third_party_imports(files: list[Path] | None = None, root: Path = ROOT) -> dict[str, set[str]]:

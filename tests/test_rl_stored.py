@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from precisionlab import rl
+from precisionlab.chapters import rl_findings as findings
 
 # one thread keeps any native-kernel comparison in one order (the emulated runs do not care)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -142,7 +143,7 @@ def test_stored_chapter_seeds_match_their_script_and_replay_exactly():
             np.testing.assert_array_equal(v, stored.arrays()[k][:steps], err_msg=f"{name}: {k}")
         np.testing.assert_equal(replay[name].gradients[3], stored.gradients[3])  # nan == nan
     for name in script.RECORDED:
-        assert rl.weight_means(replay[name]) == meta["weight_means"][f"{seed}.{name}"][:steps]
+        assert findings.weight_means(replay[name]) == meta["weight_means"][f"{seed}.{name}"][:steps]
     unreported = [k for k in script.runs() if k not in script.REPORTED]
     assert all(not logs[seed][k].gradients for k in unreported)
 

@@ -19,8 +19,9 @@ from .view import TextPanel, view_figure
 __all__ = ["COLLECTIVE_GRID", "collective_data", "collective_explorer", "collective_view",
            "ulp_shifts"]
 
+EXAMPLES = 96  # the explorer's batch: 96 has 12 divisors, so 12 world sizes split it evenly
 COLLECTIVE_GRID: dict[str, tuple] = {
-    "world_size": (1, 2, 4, 8, 16),
+    "world_size": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96),
     "order": COLLECTIVE_ORDERS,
     "fmt": ("float32", "bfloat16"),
 }
@@ -43,14 +44,14 @@ def ulp_shifts(a, b, fmt) -> np.ndarray:
 
 @lru_cache(maxsize=128)
 def _sums(world_size: int, order: str, fmt: str) -> np.ndarray:
-    s = data_parallel_sum(collective_data(), world_size, order, fmt)
+    s = data_parallel_sum(collective_data(examples=EXAMPLES), world_size, order, fmt)
     s.setflags(write=False)
     return s
 
 
 def collective_view(world_size: int = 4, order: str = "ring",
                     fmt: str = "float32") -> tuple[TextPanel, Figure]:
-    """A 64-example batch's gradient at W ranks (order, fmt) against W = 1: shifts in ulps."""
+    """A 96-example batch's gradient at W ranks (order, fmt) against W = 1: shifts in ulps."""
     if world_size not in COLLECTIVE_GRID["world_size"] or isinstance(world_size, bool):
         raise ValueError(f"world_size must be one of {COLLECTIVE_GRID['world_size']}; "
                          f"got world_size={world_size!r}")
@@ -58,12 +59,13 @@ def collective_view(world_size: int = 4, order: str = "ring",
     f = get_format(fmt)
     check_choice(f.name, "fmt", COLLECTIVE_GRID["fmt"])
     one, got = _sums(1, order, f.name), _sums(world_size, order, f.name)
-    exact = exact_sum(collective_data().T)
+    exact = exact_sum(collective_data(examples=EXAMPLES).T)
     shift = ulp_shifts(got, one, f)
     err_w, err_1 = (np.abs(ulp_shifts(s, exact, f)).mean() for s in (got, one))
     lines = [
-        f"64 examples x 512 entries, {f.name} reduction, {order!r} all-reduce",
-        f"W = {world_size}: each rank sums {64 // world_size} examples in float32, "
+        f"{EXAMPLES} examples x 512 entries, {f.name} reduction, {order!r} all-reduce",
+        f"W = {world_size}: each rank sums {EXAMPLES // world_size} "
+        f"example{'s' if EXAMPLES > world_size else ''} in float32, "
         f"then the all-reduce in {f.name}",
         f"entries that differ from W = 1: {int((shift != 0).sum())} of 512, "
         f"up to {np.abs(shift).max():.0f} ulps",

@@ -401,3 +401,39 @@ def test_training_with_adam_freezes_bf16_stored_weights():
     runs = train_master_vs_lowprec(optimizer="adam", lr=3e-3, seed=1)
     assert runs["bf16"].final_loss > 2 * runs["fp32"].final_loss
     assert runs["master"].final_loss < 1.1 * runs["fp32"].final_loss
+
+
+@pytest.mark.parametrize("master", ["float32", "float64"])
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16", "float8_e4m3fn"])
+def test_crossing_trajectory_is_the_step_by_step_loop_rounded_by_ml_dtypes(fmt, master):
+    # Oracle: the master updated one addition at a time in its own dtype, and each copy
+    # rounded by ml_dtypes' (NumPy's for float16) cast of the float64 value;
+    # 9000 steps take several of round_to's short calls, as the chapters' runs do.
+    dt = np.dtype(master)
+    w, lr = dt.type(1.0), dt.type(3e-6)
+    loop = [w]
+    for _ in range(9000):
+        loop.append(loop[-1] + lr)
+    loop = np.array(loop, dtype=dt)
+    k, vals, copy = crossing_trajectory(1.0, 3e-6, 9000, fmt, master=master)
+    assert np.array_equal(k, np.arange(9001))
+    assert np.array_equal(vals, loop.astype(np.float64))
+    cast = np.float16 if fmt == "float16" else getattr(ml_dtypes, fmt)
+    want = loop.astype(np.float64).astype(cast).astype(np.float64)
+    assert np.array_equal(copy, want)
+
+
+@pytest.mark.parametrize("master", ["float32", "float64"])
+def test_simulate_crossing_short_and_long_runs_agree_with_the_trajectory(master):
+    # A short run (rounded in NumPy-sized calls) and one too long for that rule (whole
+    # blocks) give the first change that the step-by-step trajectory shows, weight by weight.
+    w = np.array([1.0, 0.1, -0.3, 2.0**-5])
+    lr = np.array([1e-6, 1e-5, 2e-5, -1e-7])
+    first = []
+    for wi, li in zip(w, lr, strict=True):
+        _, _, copy = crossing_trajectory(wi, li, 5000, master=master)
+        moved = np.nonzero(copy != copy[0])[0]
+        first.append(int(moved[0]) if moved.size else -1)
+    assert simulate_crossing(w, lr, 5000, master=master).tolist() == first
+    wide = np.broadcast_to(w, (600, 4)).copy()  # 600 x 4 x 5000 values: past the rule
+    assert (simulate_crossing(wide, lr, 5000, master=master) == first).all()

@@ -19,6 +19,7 @@ from .checks import check_choice
 from .exact import two_prod, two_sum
 from .formats import FloatFormat, get_format
 from .rounding import DETERMINISTIC_MODES, check_mode, round_to, seed_generator, ulp
+from .rounding_kernel import NUMBA_MIN_SIZE
 
 __all__ = [
     "DETERMINISTIC_MODES",
@@ -237,6 +238,19 @@ def steps_to_cross_estimate(w, lr, fmt="bfloat16"):
     return float(out) if out.ndim == 0 else out
 
 
+# A simulation that rounds fewer values than this in all is cheaper on rounding's NumPy tier
+# (about 15 ns a value) than compiling its numba loop from a cold cache (a second or more):
+# its rounding calls are then kept below NUMBA_MIN_SIZE values each. The same bits either way.
+_NUMPY_WORK = 1 << 23
+
+
+def _round_below_numba(a: np.ndarray, fmt: FloatFormat, mode: str) -> np.ndarray:
+    """round_to(a, fmt, mode) of a 1-D array, in calls short enough for rounding's NumPy tier."""
+    n = NUMBA_MIN_SIZE - 1
+    return np.concatenate([np.asarray(round_to(a[i:i + n], fmt, mode))
+                           for i in range(0, a.size, n)] or [a[:0]])
+
+
 def _check_master(master: str) -> np.dtype:
     return np.dtype(check_choice(master, "master dtype", MASTER_DTYPES))
 
@@ -265,6 +279,7 @@ def simulate_crossing(w, lr, max_steps: int, fmt="bfloat16", mode: str = "neares
     first = np.full(cur.shape, -1, dtype=np.int64)
     live = np.arange(cur.size)  # weights whose copy has not changed yet
     block = int(np.clip(2**20 // max(cur.size, 1), 1, 1024))
+    short = max_steps * cur.size <= _NUMPY_WORK  # round on NumPy (_NUMPY_WORK)
     if progress is None:
         # About 0.1 ms per rounding call plus 20 ns per rounded value.
         progress = (max_steps / block) * 1e-4 + max_steps * cur.size * 2e-8 > 2.0
@@ -273,7 +288,8 @@ def simulate_crossing(w, lr, max_steps: int, fmt="bfloat16", mode: str = "neares
         bar = tqdm(total=max_steps, desc="simulating updates", leave=False)
     done = 0
     while done < max_steps and live.size:
-        b = min(block, max_steps - done)
+        cap = max(1, (NUMBA_MIN_SIZE - 1) // live.size) if short else block
+        b = min(block, cap, max_steps - done)
         seq = np.empty((live.size, b + 1), dtype=dt)
         seq[:, 0] = cur[live]
         seq[:, 1:] = step[live, None]
@@ -300,13 +316,15 @@ def crossing_trajectory(w: float, lr: float, steps: int, fmt="bfloat16",
     dt = _check_master(master)
     w0 = float(_finite_array(w, "w"))
     lr0 = float(_finite_array(lr, "lr"))
-    # Sequential by nature: each master step rounds the previous one.
-    vals = np.empty(int(steps) + 1, dtype=dt)
-    vals[0] = dt.type(w0)
-    step = dt.type(lr0)
-    for k in range(1, int(steps) + 1):
-        vals[k] = vals[k - 1] + step
-    copy = np.asarray(round_to(vals, fmt, mode), dtype=np.float64)
+    # Each master step rounds the previous one: np.cumsum adds strictly left to right in dt,
+    # so it is exactly the loop w_k = master(w_{k-1} + lr).
+    seq = np.full(int(steps) + 1, lr0, dtype=dt)
+    seq[0] = w0
+    vals = np.cumsum(seq, dtype=dt)
+    if vals.size <= _NUMPY_WORK:
+        copy = _round_below_numba(vals, fmt, mode).astype(np.float64)
+    else:
+        copy = np.asarray(round_to(vals, fmt, mode), dtype=np.float64)
     return np.arange(int(steps) + 1), vals.astype(np.float64), copy
 
 

@@ -1,0 +1,128 @@
+"""The explorers' static views: seconds to compute every frame (static_html) of each explorer.
+
+Run: python benchmarks/bench_widgets.py [--baseline REV] [--only bit,crossing] [--repeats 1]
+Each explorer is built with its chapter's defaults (chapter 8's needs the chapter's model and
+is left out; chapter 6's trains its short runs once, untimed, as the chapter's own runs are
+stored). A row times static_html() of a freshly built explorer, in-process, the median of
+`repeats`, after one untimed warm-up explorer (fonts, compiled kernels, trained runs cached);
+the `first` column is that warm-up's own time. With --baseline REV the same rows are measured
+on the package as of git revision REV (exported to a temporary folder, run in a subprocess
+under the same conditions) and shown beside these, with the speed-up and whether the two
+emit the same static HTML, byte for byte. Goal: every explorer's static view well under a
+second per 100 frames, so that no chapter spends most of its time drawing its explorer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+EXPLORERS = {  # name -> (chapter, call building it with the chapter's arguments)
+    "bit": (1, "bit_explorer(value=0.1, fmt='bfloat16', mode='nearest_even')"),
+    "crossing": (1, "crossing_explorer(w=1.0, lr=1e-5, fmt='bfloat16')"),
+    "reduction": (2, "reduction_explorer(order='atomic', acc='float16', block=1, margin=1e-3)"),
+    "world": (3, "world_explorer(tol=1e-3, policy='low_precision', horizon=120)"),
+    "underflow": (4, "underflow_explorer(attenuation=0.82, depth=96, fmt='float16', g0=1.0)"),
+    "scaling": (5, "scaling_explorer(growth_interval=50, spike_rate=0.01, init_scale=2.0**16)"),
+    "phantom": (6, "phantom_explorer(engine='bf16', trainer='fp32', eps=0.05, steps=25)"),
+    "allclose": (7, "allclose_explorer(k=4096, fmt='float32', bug=0.001)"),
+    "block": (9, "block_explorer(outlier=100, block=16, scale_format='float8_e8m0fnu')"),
+    "collective": (10, "collective_explorer(world_size=4, order='ring', fmt='float32')"),
+}
+
+
+def measure(names: list[str], repeats: int) -> dict:
+    """{name: {'first', 'seconds', 'frames', 'sha'}} for the package on sys.path."""
+    import precisionlab
+    from precisionlab import widgets
+    from precisionlab.widgets.collectives import collective_explorer
+
+    precisionlab.plotting.use_house_style()  # as every chapter does
+    scope = {**{n: getattr(widgets, n) for n in widgets.__all__},
+             "collective_explorer": collective_explorer}
+    out = {}
+    for name in names:
+        call = EXPLORERS[name][1]
+        t0 = time.perf_counter()
+        html = eval(call, scope).static_html()  # warm-up: caches, fonts, trained runs
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(repeats):
+            explorer = eval(call, scope)
+            t0 = time.perf_counter()
+            again = explorer.static_html()
+            times.append(time.perf_counter() - t0)
+            assert again == html, f"{name}: two builds differ"
+        out[name] = {"first": first, "seconds": statistics.median(times),
+                     "frames": explorer.size, "sha": hashlib.sha1(html.encode()).hexdigest()}
+        print(f"  measured {name}: {out[name]['seconds']:.2f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def baseline(rev: str, names: list[str], repeats: int) -> dict:
+    """measure() on the package as of git revision rev, in a subprocess."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "src"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        env = {**os.environ, "PYTHONPATH": str(Path(tmp) / "src")}
+        res = subprocess.run([sys.executable, __file__, "--json", "--only", ",".join(names),
+                              "--repeats", str(repeats)], env=env, check=True,
+                             stdout=subprocess.PIPE, text=True)
+    return json.loads(res.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", help="git revision to compare with (e.g. HEAD~1)")
+    ap.add_argument("--only", help="comma-separated explorers; valid: " + ",".join(EXPLORERS))
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # baseline's child
+    args = ap.parse_args()
+    names = args.only.split(",") if args.only else list(EXPLORERS)
+    bad = [n for n in names if n not in EXPLORERS]
+    if bad:
+        ap.error(f"--only {','.join(bad)}: unknown; valid choices: {', '.join(EXPLORERS)}")
+    if args.json:
+        print(json.dumps(measure(names, args.repeats)))
+        return
+    import precisionlab
+
+    before = baseline(args.baseline, names, args.repeats) if args.baseline else None
+    now = measure(names, args.repeats)
+    print(f"static views, seconds in-process (median of {args.repeats}, after a warm-up build); "
+          f"precisionlab at {Path(precisionlab.__file__).parent.parent}")
+    head = f"{'explorer':<11}{'ch':>3}{'frames':>7}{'first':>8}{'s':>7}{'ms/frame':>9}"
+    if before:
+        head += f"{f'{args.baseline} s':>14}{'speed-up':>9}  same HTML"
+    print(head)
+    print("-" * len(head))
+    for name in names:
+        r = now[name]
+        row = (f"{name:<11}{EXPLORERS[name][0]:>3}{r['frames']:>7}{r['first']:>8.2f}"
+               f"{r['seconds']:>7.2f}{1e3 * r['seconds'] / r['frames']:>9.1f}")
+        if before:
+            b = before[name]
+            row += (f"{b['seconds']:>14.2f}{b['seconds'] / r['seconds']:>8.1f}x  "
+                    + ("yes" if b["sha"] == r["sha"] else "NO"))
+        print(row)
+    total = sum(r["seconds"] for r in now.values())
+    tail = f"{'all':<21}{'':>8}{total:>7.2f}"
+    if before:
+        was = sum(b["seconds"] for b in before.values())
+        tail += f"{'':>9}{was:>14.2f}{was / total:>8.1f}x"
+    print(tail)
+
+
+if __name__ == "__main__":
+    main()

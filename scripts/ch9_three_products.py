@@ -13,6 +13,10 @@ root:
     python3 scripts/ch9_three_products.py --seed 1
         # a second draw of data, teacher, initial weights and rounding streams, for the
         # chapter's seed-to-seed comparison: writes data/ch9_three_products_seed1.json + .npz
+    python3 scripts/ch9_three_products.py --study wgrad [--seed 1]
+        # the weight-gradient study (matrix_products.WGRAD_RECIPES: plain MXFP4, and MXFP4
+        # and NVFP4 with the weight-gradient product's operands in BF16) on the same task:
+        # writes data/ch9_wgrad.json (data/ch9_wgrad_seed1.json) + .npz
 
 The arithmetic is precisionlab.emulate's, so the stored losses are the same on every
 machine and thread count; the chapter re-runs the first steps of some runs in a hidden cell
@@ -36,6 +40,8 @@ from precisionlab.rl.stored import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "data" / "ch9_three_products.json"
+STUDIES = {"ablations": (mp.THREE_PRODUCT_RECIPES, OUT),
+           "wgrad": (mp.WGRAD_RECIPES, OUT.with_name("ch9_wgrad.json"))}
 STEPS = 600
 LR = 3e-3
 
@@ -45,11 +51,16 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--recipes", nargs="+", default=list(mp.THREE_PRODUCT_RECIPES),
-                    choices=mp.THREE_PRODUCT_RECIPES)
+    ap.add_argument("--study", choices=list(STUDIES), default="ablations",
+                    help="which set of recipes (default: the recipes and NVFP4's ablations)")
+    ap.add_argument("--recipes", nargs="+", default=None,
+                    choices=mp.THREE_PRODUCT_RECIPES + mp.WGRAD_RECIPES)
     args = ap.parse_args(argv)
+    names, out = STUDIES[args.study]
+    if args.recipes is None:
+        args.recipes = list(names)
     if args.out is None:
-        args.out = OUT if args.seed == 0 else OUT.with_name(f"{OUT.stem}_seed{args.seed}.json")
+        args.out = out if args.seed == 0 else out.with_name(f"{out.stem}_seed{args.seed}.json")
     torch.set_num_threads(1)
     task = mp.ThreeProductTask(seed=args.seed)
     runs = {}

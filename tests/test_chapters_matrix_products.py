@@ -35,3 +35,25 @@ def test_second_seed_runs_replay_bit_for_bit(name):
 def test_unknown_recipe_is_refused():
     with pytest.raises(ValueError, match="recipe"):
         mp.train_three_products(mp.ThreeProductTask(), "fp7", 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_weight_gradient_study_replays_bit_for_bit(seed):
+    name = "ch9_wgrad.json" if seed == 0 else "ch9_wgrad_seed1.json"
+    task, lr, runs = mp.load_three_products(STORED.with_name(name))
+    base, base_lr, _ = mp.load_three_products(STORED if seed == 0 else STORED_SEED1)
+    assert (task, lr) == (base, base_lr) and list(runs) == list(mp.WGRAD_RECIPES)
+    for recipe in ("mxfp4", "nvfp4, wgrad bf16"):
+        again = mp.train_three_products(task, recipe, 2, lr=lr)
+        assert np.array_equal(again.losses, runs[recipe][:2]), recipe
+
+
+def test_wgrad_bf16_changes_only_the_weight_gradient():
+    # Step 0's loss is the forward product's alone: the same with dW in BF16; the update
+    # it makes, from a different dW, is not.
+    _, _, runs = mp.load_three_products(STORED.with_name("ch9_wgrad.json"))
+    _, _, base = mp.load_three_products(STORED)
+    for recipe in ("nvfp4", "mxfp4"):
+        full = base[recipe] if recipe in base else runs[recipe]
+        kept = runs[recipe + ", wgrad bf16"]
+        assert full[0] == kept[0] and full[1] != kept[1]

@@ -7,7 +7,8 @@
 * `ThreeProductTask` and `train_three_products`: a small MLP learning a teacher's outputs
   with every layer's forward, input-gradient and weight-gradient products quantized by a
   recipe (`emulate.RecipeLinear`), the runs scripts/ch9_three_products.py stores and
-  `load_three_products` reads back.
+  `load_three_products` reads back; `WGRAD_RECIPES`, the weight-gradient study: plain MXFP4
+  and NVFP4 with the weight-gradient product's operands quantized or kept in BF16.
 
 Every number is portable: normal samples by `emulate.randn`, roundings by `round_to`, the
 block FMAs in exact float64 integer arithmetic, error norms by `math.fsum`.
@@ -17,6 +18,7 @@ Chapter code (`precisionlab.chapters`): imports `gpu`, `quantize` and `emulate`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -34,8 +36,8 @@ from ..emulate.recipe_linear import LinearRecipe, Operand, RecipeLinear
 from ..gpu.tensorcore import tensor_core_matmul
 from ..quantize import RECIPES, Recipe
 
-__all__ = ["THREE_PRODUCT_RECIPES", "AccumulationErrors", "ThreeProductRun", "ThreeProductTask",
-           "accumulation_errors", "exact_fp8_matmul", "fp8_operands", "load_three_products",
+__all__ = ["THREE_PRODUCT_RECIPES", "WGRAD_RECIPES", "AccumulationErrors", "ThreeProductRun",
+           "ThreeProductTask", "accumulation_errors", "exact_fp8_matmul", "fp8_operands", "load_three_products",
            "train_three_products"]
 
 
@@ -68,10 +70,14 @@ def exact_fp8_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if np.any(np.mod(a, 2.0**-9)) or np.any(np.mod(b, 2.0**-9)):
         raise ValueError("a and b must hold E4M3 values (multiples of 2^-9); quantize them "
                          "first, e.g. with fp8_operands")
-    if float((np.abs(a) @ np.abs(b)).max(initial=0.0)) >= 2.0**53 * grain:
+    # torch's float64 product (under torch's thread setting; NumPy's BLAS threads can be
+    # many times slower on a busy machine): exact in any order, as shown above.
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    bound = ta.abs() @ tb.abs()
+    if bound.numel() and float(bound.max()) >= 2.0**53 * grain:
         raise ValueError("the sums of |a_ik b_kj| reach 2^35: float64 no longer holds them "
                          "exactly; use smaller matrices")
-    return a @ b
+    return (ta @ tb).numpy()
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,7 @@ def _recipes() -> dict[str, LinearRecipe]:
     e4, e5 = RECIPES["fp8_tensor"], RECIPES["fp8_tensor_e5m2"]
     mx = Recipe("mxfp8_ceil", "float8_e4m3fn", "block", 32, "float8_e8m0fnu", e8m0_rule="ceil")
     nv = RECIPES["nvfp4"]  # 1x16 blocks along the axis given
+    m4 = RECIPES["mxfp4"]  # E2M1, an E8M0 scale per 32 (the OCP rule)
     nv2d = Recipe("nvfp4_16x16", "float4_e2m1fn", "two_level", (16, 16), "float8_e4m3fn")
     bf = Operand("bfloat16")
 
@@ -138,12 +145,35 @@ def _recipes() -> dict[str, LinearRecipe]:
         "nvfp4, no Hadamard": nvfp4("nvfp4, no Hadamard", rht=False),
         "nvfp4, no stochastic rounding": nvfp4("nvfp4, no stochastic rounding", sr=False),
         "nvfp4, 1x16 weight blocks": nvfp4("nvfp4, 1x16 weight blocks", two_d=False),
+        # The plain OCP MXFP4 of the weight-gradient study: E2M1, 32-element E8M0 blocks
+        # along each product's reduction axis, nearest rounding, no transform.
+        "mxfp4": LinearRecipe("mxfp4", Operand(m4), Operand(m4), Operand(m4),
+                              Operand(m4, axis=0), Operand(m4, axis=0), Operand(m4, axis=0)),
     }
 
 
 THREE_PRODUCT_RECIPES: tuple[str, ...] = (
     "bf16", "fp8_hybrid", "mxfp8", "nvfp4", "nvfp4, no Hadamard",
     "nvfp4, no stochastic rounding", "nvfp4, 1x16 weight blocks", "nvfp4, last layer bf16")
+
+# The weight-gradient study: a 4-bit recipe with its weight-gradient product's two operands
+# quantized (the recipe itself) or kept in BF16 (", wgrad bf16": forward and input-gradient
+# products as the recipe has them, dW = dy^T x from BF16 operands, no Hadamard transform).
+WGRAD_RECIPES: tuple[str, ...] = ("mxfp4", "mxfp4, wgrad bf16", "nvfp4, wgrad bf16")
+
+_WGRAD_BF16 = ", wgrad bf16"
+
+
+def _recipe(name: str) -> LinearRecipe:
+    """The LinearRecipe of every layer of run `name` (the last layer of "nvfp4, last layer bf16" apart)."""
+    table = _recipes()
+    if name == "nvfp4, last layer bf16":
+        return table["nvfp4"]
+    if name.endswith(_WGRAD_BF16):
+        bf = Operand("bfloat16")
+        return dataclasses.replace(table[name.removesuffix(_WGRAD_BF16)], name=name,
+                                   wgrad_dy=bf, wgrad_x=bf, hadamard=False)
+    return table[name]
 
 
 @dataclass(frozen=True)
@@ -187,14 +217,13 @@ class ThreeProductRun(NamedTuple):
 
 def train_three_products(task: ThreeProductTask, recipe: str, steps: int = 400, *,
                          lr: float = 3e-3) -> ThreeProductRun:
-    """Adam on the student MLP, every linear layer's three products quantized by `recipe` (one of THREE_PRODUCT_RECIPES)."""
-    check_choice(recipe, "recipe", THREE_PRODUCT_RECIPES)
-    table = _recipes()
+    """Adam on the student MLP, every linear layer's three products quantized by `recipe` (one of THREE_PRODUCT_RECIPES or WGRAD_RECIPES)."""
+    check_choice(recipe, "recipe", THREE_PRODUCT_RECIPES + WGRAD_RECIPES)
     x, y = task.data()
     n_layers = len(task.widths) - 1
-    per_layer = [table["nvfp4" if recipe == "nvfp4, last layer bf16" else recipe]] * n_layers
+    per_layer = [_recipe(recipe)] * n_layers
     if recipe == "nvfp4, last layer bf16":
-        per_layer[-1] = table["bf16"]
+        per_layer[-1] = _recipe("bf16")
     layers = [RecipeLinear(w, r, seed=task.seed * 100 + i)
               for i, (w, r) in enumerate(zip(_init(task.widths, task.seed), per_layer,
                                              strict=True))]

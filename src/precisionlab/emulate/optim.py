@@ -20,7 +20,55 @@ def _params(params: Iterable) -> list:
     return params
 
 
-class SGD(torch.optim.Optimizer):
+class _Optimizer(torch.optim.Optimizer):
+    """torch.optim.Optimizer, its parameter groups added and gradients cleared without torch._dynamo.
+
+    torch wraps `add_param_group` and `zero_grad` in `torch._disable_dynamo`, which imports
+    torch._dynamo (about 1 s, cold) on the first call; these two do the same work for the
+    optimizers here, which no compiler traces. state_dict and the rest stay torch's.
+    """
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group: params (a tensor or an iterable of leaf tensors), the defaults filled in."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict; got {type(param_group).__name__}")
+        params = param_group["params"]
+        if isinstance(params, set):
+            raise TypeError("optimizer parameters need to be organized in ordered collections,"
+                            " not a set")
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        for p in params:
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"an optimizer can only optimize Tensors; got "
+                                f"{type(p).__name__}")
+            if not (p.is_leaf or p.retains_grad):
+                raise ValueError("can't optimize a non-leaf Tensor")
+        group = {**param_group, "params": params}
+        for name, default in self.defaults.items():
+            group.setdefault(name, default)
+        if len(params) != len(set(params)):
+            raise ValueError("a parameter group holds a parameter more than once")
+        if any(not set(g["params"]).isdisjoint(params) for g in self.param_groups):
+            raise ValueError("some parameters appear in more than one parameter group")
+        self.param_groups.append(group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear every parameter's gradient: None (set_to_none), else zeros, as torch's does."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                    continue
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
+                p.grad.zero_()
+
+
+class SGD(_Optimizer):
     """b <- mu b + g (b = g at the first step), w <- fl_F(w - lr b); float64 inside, state in F."""
 
     def __init__(self, params, lr: float, momentum: float = 0.0, prec="float32"):
@@ -49,7 +97,7 @@ class SGD(torch.optim.Optimizer):
                 p.copy_(p_.round(p.to(torch.float64) - lr * g))
 
 
-class Adam(torch.optim.Optimizer):
+class Adam(_Optimizer):
     """torch's Adam: m, v moments, w <- w - lr m_hat / (sqrt(v_hat) + eps); float64 inside, state in F."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,

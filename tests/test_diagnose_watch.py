@@ -368,7 +368,43 @@ def test_report_prints_a_table_and_plots_headroom():
         report.plot(fmt="float8_e5m2")
 
 
-def test_tensorboard_events_when_installed(tmp_path):
+def test_tensorboard_event_files_read_back_by_tensorboards_own_reader(tmp_path):
     pytest.importorskip("tensorboard")
-    _overflow_run(1.0, 3, every=1, formats=("float16",), log_dir=tmp_path)
-    assert list(tmp_path.glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    w, _ = _overflow_run(1.0, 3, every=1, formats=("float16",), log_dir=tmp_path,
+                         tensorboard=True)
+    (events_file,) = tmp_path.glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events_file))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"loss", "amax/activation/fc", "headroom_float16/activation/fc",
+            "amax/param_grad/fc"} <= tags
+    report = w.report
+    for kind, tag in (("activation", "activation"), ("param grad", "param_grad")):
+        rows = [r for r in report.records if r.module == "fc" and r.kind == kind]
+        got = [(e.step, e.value) for e in acc.Scalars(f"amax/{tag}/fc")]
+        assert got == [(r.step, pytest.approx(r.amax)) for r in rows]  # float32 in the file
+        hr = [(e.step, e.value) for e in acc.Scalars(f"headroom_float16/{tag}/fc")]
+        assert hr == [(r.step, pytest.approx(r.headroom("float16"), rel=1e-6)) for r in rows]
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [
+        (s, pytest.approx(v)) for s, v in report.losses]
+
+
+def test_tensorboard_output_asked_for_without_the_package_names_what_to_install(
+        tmp_path, monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboard" else find_spec(name, *a))
+    model = _overflow_model(1.0)
+    with pytest.raises(ImportError, match=r"pip install tensorboard"):
+        diagnose.watch(model, log_dir=tmp_path, tensorboard=True)
+    with diagnose.watch(model, every=1, log_dir=tmp_path) as w:  # not asked for: no error
+        model(torch.ones(1, 1, dtype=torch.float16))
+        w.step()
+    assert (tmp_path / "watch.jsonl").read_text() and not list(tmp_path.glob("events.*"))
+    with pytest.raises(ValueError, match=r"tensorboard=True .* got log_dir=None"):
+        diagnose.watch(model, tensorboard=True)
+    with pytest.raises(ValueError, match="tensorboard must be True or False; got "
+                                         "tensorboard='yes'"):
+        diagnose.watch(model, log_dir=tmp_path, tensorboard="yes")

@@ -31,13 +31,14 @@ def _batch(rank: int, step: int, nan_rank: int, nan_step: int) -> torch.Tensor:
     return x
 
 
-def _run(model, opt, rank, steps, nan_rank, nan_step):
+def _run(model, opt, rank, steps, nan_rank, nan_step, every=1):
     from precisionlab import diagnose
 
     first = _model()[0]  # the same initial weights on every rank
     with torch.no_grad():
         local0 = float(first(_batch(rank, 0, nan_rank, nan_step)).abs().max())
-    with diagnose.watch(model, every=1, formats=("float16", "bfloat16"), optimizer=opt) as w:
+    with diagnose.watch(model, every=every, formats=("float16", "bfloat16"),
+                        optimizer=opt) as w:
         for s in range(steps):
             opt.zero_grad()
             loss = model(_batch(rank, s, nan_rank, nan_step)).pow(2).mean()
@@ -66,6 +67,9 @@ def _worker(rank: int, init: str, out_dir: str) -> None:
         model = DDP(_model())
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         results["ddp"] = _run(model, opt, rank, 3, nan_rank=1, nan_step=2)
+        model = DDP(_model())  # step 2 without statistics: the guard's check, a replay
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        results["ddp_guard"] = _run(model, opt, rank, 3, nan_rank=1, nan_step=2, every=4)
         try:
             from torch.distributed.fsdp import fully_shard
 
@@ -112,6 +116,11 @@ def test_ddp_names_the_rank_of_the_first_nan(runs):
         (ev,) = r["ddp"]["events"]
         assert (ev["step"], ev["rank"], ev["phase"], ev["module"]) == (2, 1, "forward", "0")
         assert ev["mechanism"] == "nonfinite_input" and ev["op"] == "0: linear#0"
+
+
+def test_ddp_names_the_first_nan_of_a_step_without_statistics_the_same(runs):
+    for r in runs:
+        assert r["ddp_guard"]["events"] == r["ddp"]["events"]  # replayed on rank 1 alone
 
 
 def test_fsdp2_statistics_and_first_nan(runs):

@@ -2,10 +2,10 @@
 inf or NaN of every step named when it happens, the loss scale and every skipped step; under
 torch.distributed, reduced across the ranks.
 
-Hooks, all reading, none writing: a forward hook on every module checks each new output
-tensor (one `torch.aminmax`, every step) and, on a recorded step, counts a leaf module's
-activations (`watch_counts`); a tensor hook on each output and input that requires grad does
-the same for gradients in the backward; a hook on each parameter checks its gradient. The first
+Hooks, all reading, none writing. On a recorded step (and every step with check="modules"):
+a forward hook on every module checks each new output tensor (one `torch.aminmax`) and counts
+a leaf module's activations (`watch_counts`); a tensor hook on each output and input that
+requires grad does the same for gradients in the backward; a hook on each parameter checks its gradient. The first
 tensor of a step that is not finite is explained by `watch_cause` (forward: the module re-run
 on its saved inputs to name the torch function; the mechanism and chapter from
 `watch_report.MECHANISMS`). A gradient is blamed on the module whose backward produced it: the
@@ -16,16 +16,16 @@ shard under FSDP2 (summed over the ranks); activations and output gradients are 
 the ranks, amax reduced by max. Under a GradScaler the output gradients are the scaled ones
 (what the backward computes in), the parameter gradients the unscaled ones (what the
 optimizer steps with); a step whose scale fell at `scaler.update()` was skipped.
+On any other step only the model is hooked (`watch_guard.StepGuard`): its outputs, the
+gradient the loss sends in and the parameters' gradients are checked, and when one is not
+finite the step is replayed on a snapshot with every module hooked, as on a recorded step.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
 import os
 import pathlib
-import re
 import weakref
 from functools import partial
 
@@ -35,13 +35,17 @@ import torch
 from ..checks import check_choice, check_count
 from .batch import tensors
 from .report import check_module
-from .watch_cause import backward_mechanism, forward_mechanism, replay, tensor_range
+from .watch_args import check_optimizer, check_scaler, unwrap
+from .watch_cause import backward_mechanism, detached_copy, forward_mechanism, replay, tensor_range
 from .watch_counts import cast_bounds, check_formats, magnitude_range, tensor_counts
+from .watch_guard import StepGuard, same_bits
+from .watch_log import WatchLog, check_tensorboard, dump_inputs
 from .watch_report import LayerStats, NonFinite, SkippedStep, WatchReport
 
-__all__ = ["ON_NONFINITE", "NonFiniteError", "Watch", "watch"]
+__all__ = ["CHECKS", "ON_NONFINITE", "NonFiniteError", "Watch", "watch"]
 
 ON_NONFINITE: tuple[str, ...] = ("record", "raise", "dump")
+CHECKS: tuple[str, ...] = ("outputs", "modules")
 _ACT, _OUT_GRAD, _PARAM_GRAD = "activation", "output grad", "param grad"
 
 
@@ -65,14 +69,6 @@ class _Tag:
         self.counted = self.grad_counted = False
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside DistributedDataParallel / DataParallel wrappers."""
-    while type(model).__name__ in ("DistributedDataParallel", "DataParallel") and isinstance(
-            getattr(model, "module", None), torch.nn.Module):
-        model = model.module
-    return model
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard, else t."""
     to_local = getattr(t, "to_local", None)
@@ -90,28 +86,6 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-def _check_optimizer(optimizer, model) -> None:
-    if optimizer is None:
-        return
-    groups = getattr(optimizer, "param_groups", None)
-    if not isinstance(optimizer, torch.optim.Optimizer) or groups is None:
-        raise ValueError("optimizer must be a torch.optim.Optimizer or None; got "
-                         f"optimizer={type(optimizer).__name__}")
-    held = {id(p) for g in groups for p in g["params"]}
-    mine = {id(p) for p in model.parameters()}
-    if not held & mine:
-        raise ValueError(f"optimizer holds none of model's parameters (it holds {len(held)} "
-                         f"tensors, the model {len(mine)}): pass the optimizer that trains "
-                         "this model, or optimizer=None and call w.step(loss) each step")
-
-
-def _check_scaler(scaler) -> None:
-    if scaler is not None and not all(callable(getattr(scaler, a, None))
-                                      for a in ("get_scale", "update", "is_enabled")):
-        raise ValueError("scaler must be a torch.amp.GradScaler (get_scale, update, is_enabled) "
-                         f"or None; got scaler={type(scaler).__name__}")
-
-
 class Watch:
     """The hooks of `watch` over one model: a context manager; `step(loss)` ends a step.
 
@@ -125,14 +99,15 @@ class Watch:
         The first inf/NaN of each step that had one, in step order (all ranks').
     """
 
-    def __init__(self, model, every, formats, scaler, optimizer, log_dir, on_nonfinite):
-        self.model = model
+    def __init__(self, model, every, formats, scaler, optimizer, log_dir, on_nonfinite,
+                 check="outputs", tensorboard=False):
+        self.model, self.check, self.tensorboard = model, check, tensorboard
         self.every = every
         self._bounds = cast_bounds(formats)
         self.formats = self._bounds.formats
         self.scaler, self.optimizer, self.on_nonfinite = scaler, optimizer, on_nonfinite
         self.log_dir = None if log_dir is None else pathlib.Path(log_dir)
-        self._root = _unwrap(model)
+        self._root = unwrap(model)
         mods = list(self._root.named_modules())
         self._leaves = [p for p, m in mods if next(iter(m.children()), None) is None]
         owners = [p for p, m in mods if next(iter(m.parameters(recurse=False)), None) is not None]
@@ -156,9 +131,11 @@ class Watch:
         self._losses: list[tuple[int, float]] = []
         self._step = 0
         self._handles: list = []
-        self._active = self._replaying = False
+        self._full_handles: list = []  # the per-module hooks, on while self._full
+        self._guard = StepGuard(self._root, self._guard_forward, self._guard_backward)
+        self._active = self._replaying = self._in_replay = False
         self._rank, self._world = 0, 1
-        self._jsonl = self._tb = None
+        self._log = WatchLog(None, False, False)
         self._orig_update = None
         self._reset()
 
@@ -173,6 +150,10 @@ class Watch:
         self._step_events: list[NonFinite] = []
         self._update = None
         self._recording = self._step % self.every == 0
+        self._full = self._recording or self.check == "modules" or self._sharded
+        self._guard.enabled = not self._full
+        if self._active:
+            self._install(self._full)
 
     def _add(self, path: str, kind: str, amax: float, counts: np.ndarray) -> None:
         i = self._slots.get((path, kind))
@@ -293,7 +274,8 @@ class Watch:
         ins = [t for t in tensors(list(a)) + tensors(list(kw.values())) if t.is_floating_point()]
         ranges = tuple(tensor_range(t, self._pnames.get(id(t), f"input {k}"))
                        for k, t in enumerate(ins))
-        dump = self._dump(path, {"args": args, "kwargs": kwargs}, module) \
+        dump = dump_inputs(self.log_dir, path, self._step, self._rank,
+                           {"args": args, "kwargs": kwargs}, module) \
             if self.on_nonfinite == "dump" else ""
         return NonFinite(self._step, "forward", path, label, mech, detail, ranges,
                          tensor_range(o, "output"), self._rank, dump)
@@ -326,12 +308,13 @@ class Watch:
         if found is not None:
             self._step_events[self._step_events.index(ev)] = found
             self._fwd_event = ev = found
-        if self.on_nonfinite == "raise" and self._world == 1:
+        if self._raises():
             raise NonFiniteError(ev)
 
     def _backward_event(self, module: str, op: str, g: torch.Tensor) -> None:
         mech, detail = backward_mechanism(g, self._scale_now())
-        dump = self._dump(module, {"grad": g}, None) if self.on_nonfinite == "dump" else ""
+        dump = dump_inputs(self.log_dir, module, self._step, self._rank,
+                                           {"grad": g}, None) if self.on_nonfinite == "dump" else ""
         ev = NonFinite(self._step, "backward", module, op, mech, detail, (),
                        tensor_range(g, "gradient"), self._rank, dump)
         self._bwd_event = ev
@@ -339,27 +322,76 @@ class Watch:
 
     def _event(self, ev: NonFinite) -> None:
         self._step_events.append(ev)
-        if self.on_nonfinite == "raise" and self._world == 1:
+        if self._raises():
             raise NonFiniteError(ev)
 
-    def _dump(self, path: str, what: dict, module) -> str:
-        def cpu(obj):
-            if isinstance(obj, torch.Tensor):
-                return _local(obj).detach().cpu().clone()
-            if isinstance(obj, (list, tuple)):
-                return [cpu(o) for o in obj]
-            if isinstance(obj, dict):
-                return {k: cpu(v) for k, v in obj.items()}
-            return obj
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", path or "model")
-        name = f"nonfinite-step{self._step}-rank{self._rank}-{safe}.pt"
-        data = {"module": path, "step": self._step, **cpu(what)}
-        if module is not None:
-            data["class"] = type(module).__name__
-            data["state_dict"] = cpu(dict(module.state_dict()))
-        f = self.log_dir / name
-        torch.save(data, f)
-        return str(f)
+    def _raises(self) -> bool:  # at once: one process, not inside a replay of the step
+        return self.on_nonfinite == "raise" and self._world == 1 and not self._in_replay
+
+    # ---- a step without statistics: the guard's checks and the replay of the step
+    def _guard_forward(self, snap, outs) -> None:
+        if self._fwd_event is not None or ("" in self._masks and not any(
+                bool(torch.isnan(t).any()) for t in outs)):
+            return
+        self._replay_step(snap, backward=False)
+
+    def _guard_backward(self, snap) -> None:
+        if self._fwd_event is None and self._bwd_event is None:
+            self._replay_step(snap, backward=True)
+
+    def _replay_step(self, snap, backward: bool) -> None:
+        """Re-run the step's forward (and backward) from the snapshot with every module hooked;
+        a replay whose outputs differ from the step's is not trusted: the event then names the
+        model, as far as the step itself shows."""
+        start, faithful = len(self._step_events), snap.inputs_unchanged()
+        tags, self._tags = self._tags, {}
+        self._in_replay, self._guard.enabled = True, False
+        self._install(True)
+        try:
+            with snap.restored(self._root, self._guard.devices):
+                a, kw = detached_copy(tuple(snap.args)), detached_copy(dict(snap.kwargs))
+                new = [t for t in tensors(self._root(*a, **kw)) if t.is_floating_point()]
+                faithful = faithful and len(new) == len(snap.outs) and all(
+                    same_bits(x, y) for x, y in zip(new, snap.outs, strict=True))
+                ks = [k for k in snap.grads if new[k].requires_grad] if faithful else []
+                if backward and ks and self._fwd_event is None:
+                    torch.autograd.grad([new[k] for k in ks], self._guard.params,
+                                        [snap.grads[k] for k in ks], allow_unused=True)
+        finally:
+            self._in_replay, self._guard.enabled = False, not self._full
+            self._tags = tags
+            self._install(self._full)
+        if not faithful:
+            del self._step_events[start:]
+            self._fwd_event = self._bwd_event = None
+            self._pending = None
+        why = "outputs differ" if snap.inputs_unchanged() else "inputs written in place"
+        lost = f"; buffers not saved: {', '.join(snap.lost)}" if snap.lost else ""
+        note = "" if faithful else f" (a replay of the step did not reproduce it: {why}{lost})"
+        if len(self._step_events) == start:  # nothing named: what the step itself shows
+            self._fallback(snap, backward, note)
+        elif self._raises():
+            raise NonFiniteError(self._step_events[start])
+
+    def _fallback(self, snap, backward: bool, note: str) -> None:
+        if not backward:
+            out = next(t for t in snap.outs if not bool(torch.isfinite(t).all()))
+            name = f"{type(self._root).__name__}.forward"
+            mech, detail = forward_mechanism(name, tuple(snap.args), dict(snap.kwargs), out,
+                                             self._params)
+            ev = self._forward_record("", self._root, snap.args, snap.kwargs,
+                                      f"(model): {name}", mech, detail + note, snap.args,
+                                      snap.kwargs, out)
+            self._fwd_event = ev
+            return self._event(ev)
+        for n, p in self._root.named_parameters():
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                owner = n.rpartition(".")[0]
+                return self._backward_event(owner, f"{owner or '(model)'}: backward (gradient "
+                                            f"of {n}){note}", p.grad)
+        g = next(g for g in snap.grads.values() if not bool(torch.isfinite(g).all()))
+        self._backward_event("", f"the loss, outside the model: gradient of the model's "
+                             f"output{note}", g)
 
     # ---- steps
     def step(self, loss=None) -> None:
@@ -386,9 +418,8 @@ class Watch:
     def _log_loss(self, step: int, loss) -> None:
         v = float(loss.detach().float()) if isinstance(loss, torch.Tensor) else float(loss)
         self._losses.append((step, v))
-        self._write([{"type": "loss", "step": step, "loss": v if math.isfinite(v) else None}])
-        if self._tb is not None and math.isfinite(v):
-            self._tb.add_scalar("loss", v, step)
+        self._log.rows([{"type": "loss", "step": step, "loss": v if math.isfinite(v) else None}])
+        self._log.scalar("loss", v, step)
 
     def _end_step(self, loss=None) -> None:
         s = self._step
@@ -423,11 +454,10 @@ class Watch:
                         break
             ev = next((e for e in self._step_events if e.phase == "backward"), None)
             self._skips.append(SkippedStep(s, skip[0], skip[1], name, bad, ev))
-            self._write([self._skips[-1].to_dict()])
+            self._log.rows([self._skips[-1].to_dict()])
         if scale is not None:
-            self._write([{"type": "scale", "step": s, "scale": scale}])
-            if self._tb is not None:
-                self._tb.add_scalar("loss_scale", scale, s)
+            self._log.rows([{"type": "scale", "step": s, "scale": scale}])
+            self._log.scalar("loss_scale", scale, s)
         if loss is not None:
             self._log_loss(s, loss)
         raise_ev = next(iter(self._step_events), None) if self._world > 1 else None
@@ -449,7 +479,7 @@ class Watch:
                 events = [e for part in gathered for e in part]
         self._step_events = events
         self.events += events
-        self._write([e.to_dict() for e in events])
+        self._log.rows([e.to_dict() for e in events])
 
     def _device(self):
         d = torch.distributed
@@ -482,32 +512,40 @@ class Watch:
             new.append(LayerStats(self._step, path, kind, int(c[0]), float(amaxes[i]),
                                   int(c[1]), int(c[2]), per, scale))
         self._records += new
-        self._write([r.to_dict() for r in new])
-        if self._tb is not None:
-            for r in new:
-                tag = f"{r.kind.replace(' ', '_')}/{r.module or 'model'}"
-                if math.isfinite(r.amax):
-                    self._tb.add_scalar(f"amax/{tag}", r.amax, r.step)
-                for f in self.formats:
-                    h = r.headroom(f)
-                    if math.isfinite(h):
-                        self._tb.add_scalar(f"headroom_{f}/{tag}", h, r.step)
-
-    def _write(self, rows: list[dict]) -> None:
-        if self._jsonl is not None and rows:
-            for r in rows:
-                self._jsonl.write(json.dumps(r) + "\n")
-            self._jsonl.flush()
+        self._log.rows([r.to_dict() for r in new])
+        self._log.stats(new, self.formats)
 
     # ---- open, close, report
     def __enter__(self) -> Watch:
         if self._active:
             raise RuntimeError("this watch is already open")
         self._rank, self._world = _world()
+        self._handles += [
+            self._root.register_forward_pre_hook(self._guard.pre, with_kwargs=True),
+            self._root.register_forward_hook(self._guard.post, with_kwargs=True)]
+        self._install(self._full)
+        if self.optimizer is not None and self.scaler is None:
+            self._handles.append(self.optimizer.register_step_post_hook(
+                lambda *_: self._end_step() if self._active else None))
+        if self.scaler is not None:
+            self._wrap_update()
+        self._log = WatchLog(self.log_dir, self.tensorboard, self._rank == 0)
+        self._active = True
+        return self
+
+    def _install(self, full: bool) -> None:
+        """Hook every module and parameter (full) or none (the guard's steps)."""
+        if not full:
+            for h in self._full_handles:
+                h.remove()
+            self._full_handles = []
+            return
+        if self._full_handles:
+            return
+        leaves, hs = set(self._leaves), self._full_handles
         for path, m in self._modules.items():
-            leaf = path in set(self._leaves)
-            self._handles.append(m.register_forward_hook(
-                partial(self._forward_hook, path, leaf), with_kwargs=True))
+            hs.append(m.register_forward_hook(partial(self._forward_hook, path, path in leaves),
+                                              with_kwargs=True))
         for n, p in self._root.named_parameters():
             # a float32 parameter's gradient is checked in the backward only under a scaler
             # (autocast's float16 products); else through the activations' gradients, and a
@@ -515,23 +553,9 @@ class Watch:
             wide = p.dtype in (torch.float32, torch.float64) and self.scaler is None
             if p.requires_grad and not wide:
                 try:
-                    self._handles.append(p.register_hook(partial(self._param_hook, n)))
+                    hs.append(p.register_hook(partial(self._param_hook, n)))
                 except RuntimeError:  # a parameter autograd does not see (sharded): skipped
                     pass
-        if self.optimizer is not None and self.scaler is None:
-            self._handles.append(self.optimizer.register_step_post_hook(
-                lambda *_: self._end_step() if self._active else None))
-        if self.scaler is not None:
-            self._wrap_update()
-        if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            if self._rank == 0:
-                self._jsonl = open(self.log_dir / "watch.jsonl", "w")
-                if importlib.util.find_spec("tensorboard") is not None:
-                    from torch.utils.tensorboard import SummaryWriter
-                    self._tb = SummaryWriter(str(self.log_dir))
-        self._active = True
-        return self
 
     def _wrap_update(self) -> None:
         scaler = self.scaler
@@ -549,7 +573,8 @@ class Watch:
 
     def close(self) -> None:
         """Remove every hook, give the scaler its own update back, close the log files."""
-        self._active = False
+        self._active = self._guard.enabled = False
+        self._install(False)
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -557,10 +582,7 @@ class Watch:
             if "update" in vars(self.scaler):
                 del self.scaler.update
             self._orig_update = None
-        for f in (self._jsonl, self._tb):
-            if f is not None:
-                f.close()
-        self._jsonl = self._tb = None
+        self._log.close()
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -581,7 +603,8 @@ class Watch:
 def watch(model, every: int = 50,
           formats=("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"), scaler=None,
           optimizer=None, log_dir: str | os.PathLike | None = None,
-          on_nonfinite: str = "record") -> Watch:
+          on_nonfinite: str = "record", check: str = "outputs",
+          tensorboard: bool = False) -> Watch:
     """Watch a training loop: every `every` steps per leaf module max|x| and the shares of
     activations and gradients a cast to each format would flush (|x| <= q/2), leave subnormal
     (< n - q/2) or overflow; headroom log2(max_finite / amax); the first inf/NaN of every step.
@@ -598,7 +621,8 @@ def watch(model, every: int = 50,
     model : torch.nn.Module
         The model (a DistributedDataParallel or fully_shard'ed model too), with parameters.
     every : int, default 50
-        Statistics are taken on steps 0, every, 2 every, ...; inf/NaN are checked every step.
+        Statistics are taken on steps 0, every, 2 every, ...; inf/NaN are checked every step
+        (see `check`).
     formats : sequence of str, default ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
         The formats to count casts into (`watch_counts.WATCH_FORMATS`, or aliases).
     scaler : torch.amp.GradScaler or None, default None
@@ -607,12 +631,23 @@ def watch(model, every: int = 50,
         The run's optimizer; given, the steps end by themselves.
     log_dir : str or path or None, default None
         A folder for `watch.jsonl` (one JSON object a line: stats, nonfinite, skip, scale,
-        loss) and, when tensorboard is installed, TensorBoard event files (amax and headroom
-        per layer and format, the loss scale, the loss); rank 0 writes them.
+        loss); rank 0 writes it.
+    tensorboard : bool, default False
+        Also write TensorBoard event files to log_dir through torch.utils.tensorboard
+        (scalars amax/{kind}/{module}, headroom_{format}/{kind}/{module}, loss_scale, loss);
+        needs the tensorboard package (`pip install tensorboard`).
     on_nonfinite : {"record", "raise", "dump"}, default "record"
         At the first inf/NaN of a step: record it; raise `NonFiniteError` (at once; under
         torch.distributed at the step's end, on every rank); or record it and save the
         offending module's inputs and state to log_dir/nonfinite-step{S}-rank{R}-{path}.pt.
+    check : {"outputs", "modules"}, default "outputs"
+        What a step without statistics checks. "outputs": the model's outputs, the gradient
+        the loss sends into them and every parameter's gradient (one aminmax each); when one
+        is not finite the step is replayed from a snapshot with every module checked, so the
+        first operation is named at its step; an inf absorbed inside the model (clamped,
+        masked out) is seen on recorded steps only. "modules": every module's output and
+        gradient every step, as on a recorded step (slower). Under FSDP2 every step checks
+        every module (a replay would gather parameters on one rank only).
 
     Returns
     -------
@@ -624,7 +659,10 @@ def watch(model, every: int = 50,
     ValueError
         If model is not a Module with parameters, every < 1, a format is unknown, scaler is
         not a GradScaler, optimizer is not an Optimizer or holds none of model's parameters,
-        on_nonfinite is unknown, or on_nonfinite="dump" without a log_dir.
+        on_nonfinite or check is unknown, on_nonfinite="dump" or tensorboard=True without a
+        log_dir.
+    ImportError
+        If tensorboard=True and the tensorboard package is not installed.
 
     Examples
     --------
@@ -648,8 +686,11 @@ def watch(model, every: int = 50,
     every = check_count(every, "every", 1)
     names = check_formats(formats)
     check_choice(on_nonfinite, "on_nonfinite", ON_NONFINITE)
-    _check_scaler(scaler)
-    _check_optimizer(optimizer, model)
+    check_choice(check, "check", CHECKS)
+    check_scaler(scaler)
+    check_optimizer(optimizer, model)
     if on_nonfinite == "dump" and log_dir is None:
         raise ValueError("on_nonfinite='dump' saves the inputs under log_dir; got log_dir=None")
-    return Watch(model, every, names, scaler, optimizer, log_dir, on_nonfinite)
+    tensorboard = check_tensorboard(tensorboard, log_dir)
+    return Watch(model, every, names, scaler, optimizer, log_dir, on_nonfinite, check,
+                 tensorboard)

@@ -19,7 +19,8 @@ from torch.overrides import TorchFunctionMode
 from .batch import tensors
 from .watch_report import TensorRange
 
-__all__ = ["FirstOp", "backward_mechanism", "forward_mechanism", "replay", "tensor_range"]
+__all__ = ["FirstOp", "backward_mechanism", "detached_copy", "forward_mechanism", "replay",
+           "tensor_range"]
 
 _SOFTMAX = frozenset({"softmax", "log_softmax", "_softmax", "_log_softmax"})
 _ATTENTION = frozenset({"scaled_dot_product_attention", "multi_head_attention_forward"})
@@ -271,14 +272,15 @@ class _FirstNonFinite(TorchFunctionMode):
         return out
 
 
-def _clone(obj):
+def detached_copy(obj):
+    """obj with every tensor in it (in lists, tuples, named tuples, dicts) detached and cloned."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().clone()
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_clone(o) for o in obj) if not hasattr(obj, "_fields") else \
-            type(obj)(*(_clone(o) for o in obj))
+        return type(obj)(detached_copy(o) for o in obj) if not hasattr(obj, "_fields") else \
+            type(obj)(*(detached_copy(o) for o in obj))
     if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
+        return {k: detached_copy(v) for k, v in obj.items()}
     return obj
 
 
@@ -327,7 +329,7 @@ def replay(module: torch.nn.Module, path: str, args: tuple, kwargs: dict) -> Fir
     saved = {n: b.detach().clone() for n, b in module.named_buffers()}
     devices = sorted({p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"})
     try:
-        a, kw = _clone(tuple(args)), _clone(dict(kwargs))
+        a, kw = detached_copy(tuple(args)), detached_copy(dict(kwargs))
         with torch.random.fork_rng(devices=devices), torch.no_grad(), \
                 _FirstNonFinite(stack) as mode:
             module.forward(*a, **kw)

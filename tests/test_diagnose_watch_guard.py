@@ -1,0 +1,157 @@
+"""The watch's cheap steps (`watch_guard`): a step without statistics checks only the model's
+outputs and the gradients, and replays the step with every module hooked when one is not
+finite. The oracle is the same run watched with check="modules" (every module, every step):
+the events must be the same, field for field, forward and backward, under dropout and batch
+norm (the replay restores the generators and the buffers), and the run's bits unchanged."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from precisionlab import diagnose
+
+
+def _events(w):
+    return [{k: v for k, v in e.to_dict().items() if k != "dump"} for e in w.report.events]
+
+
+def _run(make, batches, check, loss_fn=lambda out: out.float().pow(2).mean(), opt=True):
+    """Train a fresh model (seed 0) on the batches, statistics on step 0 only; return the
+    watch and the final parameters."""
+    torch.manual_seed(0)
+    model = make()
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with diagnose.watch(model, every=10**6, check=check) as w:
+        for x in batches:
+            sgd.zero_grad()
+            loss = loss_fn(model(x))
+            loss.backward()
+            if opt:
+                sgd.step()
+            w.step(loss)
+    return w, [p.detach().clone() for p in model.parameters()]
+
+
+def _same_run(make, batches, **kw):
+    cheap, p_cheap = _run(make, batches, "outputs", **kw)
+    full, p_full = _run(make, batches, "modules", **kw)
+    assert _events(cheap) == _events(full) and _events(cheap)
+    for a, b in zip(p_cheap, p_full, strict=True):
+        assert torch.equal(a, b) or (torch.isnan(a).all() and torch.isnan(b).all())
+    return cheap.report.events
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(4, 4)
+
+    def forward(self, x):
+        s = self.q(x) @ x.transpose(-1, -2)
+        mask = torch.ones_like(s, dtype=torch.bool)
+        if x[0, 0, 0] > 10:  # this batch masks every key of the first query
+            mask[:, 0] = False
+        return torch.softmax(s.masked_fill(~mask, -math.inf), dim=-1) @ x
+
+
+def test_a_fully_masked_row_at_a_cheap_step_is_named_as_by_every_module():
+    x = torch.randn(1, 3, 4)
+    (ev, *_) = _same_run(_Attention, [x, x, x + 20, x], opt=False)
+    assert (ev.step, ev.op, ev.mechanism) == (2, "softmax#0", "softmax_masked_row")
+
+
+def test_an_overflow_under_dropout_and_batch_norm_is_named_and_the_bits_kept():
+    def make():
+        m = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 4))
+        with torch.no_grad():
+            m[0].weight.fill_(0.5)
+        return m
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(6, 4, generator=gen) for _ in range(5)]
+    xs[3] = torch.full((6, 4), 3e38)  # 4 x 0.5 x 3e38 is past float32's largest, 3.4e38
+    events = _same_run(make, xs)
+    assert (events[0].step, events[0].op, events[0].mechanism) == (3, "0: linear#0",
+                                                                    "overflow")
+    # with no inf anywhere the watched run is the plain one, bit for bit
+    xs[3] = xs[2]
+    torch.manual_seed(0)
+    plain = make()
+    sgd = torch.optim.SGD(plain.parameters(), lr=1e-3)
+    for x in xs:
+        sgd.zero_grad()
+        plain(x).pow(2).mean().backward()
+        sgd.step()
+    _, watched = _run(make, xs, "outputs")
+    for a, b in zip(plain.parameters(), watched, strict=True):
+        assert torch.equal(a.detach().view(torch.int32), b.view(torch.int32))
+
+
+def test_a_gradient_that_overflows_in_the_backward_only_is_named_in_the_backward():
+    def make():  # float16: the forward (w x, |w| < 1) fits, the weight gradient x * 1e4 not
+        return nn.Sequential(nn.Linear(2, 1, bias=False)).half()
+    small, big = (torch.full((1, 2), v, dtype=torch.float16) for v in (1.0, 100.0))
+    events = _same_run(make, [small, small, big], opt=False,
+                       loss_fn=lambda out: (out * 1e4).sum())
+    ev = events[0]
+    assert (ev.step, ev.phase, ev.mechanism) == (2, "backward", "grad_overflow")
+    assert ev.op == "0: backward (gradient of 0.weight)"
+
+
+def test_a_loss_that_is_not_finite_outside_the_model_is_named_there():
+    def make():
+        return nn.Sequential(nn.Linear(2, 2), nn.Softplus())
+    x = torch.ones(1, 2)
+    events = _same_run(make, [x, 1000 * x], opt=False,  # softplus(-1000) = 0: log(0) = -inf
+                       loss_fn=lambda out: -out.log().sum())
+    ev = events[0]
+    assert ev.step == 1 and ev.phase == "backward" and ev.op.startswith("the loss, outside")
+
+
+def test_an_inf_the_model_absorbs_is_seen_every_step_only_with_check_modules():
+    class Clamped(nn.Module):  # the inf of the linear is clamped away before the output
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+            with torch.no_grad():
+                self.fc.weight.fill_(1.0)
+
+        def forward(self, x):
+            return self.fc(x).clamp(-1, 1)
+    x = torch.ones(1, 2)
+    full, _ = _run(Clamped, [x, x * 1e38 * 3], "modules", opt=False)
+    cheap, _ = _run(Clamped, [x, x * 1e38 * 3], "outputs", opt=False)
+    assert [(e.step, e.op) for e in full.report.events] == [(1, "fc: linear#0")]
+    assert cheap.report.events == ()  # reached neither the output nor a gradient
+
+
+def test_a_replay_that_cannot_be_trusted_names_what_the_step_shows():
+    class Doubled(nn.Module):  # x * 2 saves nothing of x for the backward
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 1, bias=False)
+
+        def forward(self, x):
+            return self.fc(x * 2)
+    torch.manual_seed(0)
+    model = Doubled().half()
+    x = torch.full((1, 2), 50.0, dtype=torch.float16)
+    with diagnose.watch(model, every=10**6) as w:
+        for _ in range(2):
+            out = model(x)
+            x.mul_(1)  # the input written in place between the forward and the backward
+            (out * 1e4).sum().backward()
+            w.step()
+    first, second = w.report.events  # step 0 has every module hooked; step 1 replays
+    assert first.op == "fc: backward (gradient of fc.weight)"
+    assert second.step == 1 and second.phase == "backward"
+    assert second.op == ("fc: backward (gradient of fc.weight) (a replay of the step did not "
+                         "reproduce it: inputs written in place)")
+
+
+def test_check_is_validated():
+    with pytest.raises(ValueError, match=r"check.*'every'.*valid choices: outputs, modules"):
+        diagnose.watch(nn.Linear(1, 1), check="every")

@@ -9,6 +9,7 @@ round-trips through the file format.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +164,66 @@ def test_stored_runs_chapter_6_only_loads_replay_to_the_last_step():
         for k, v in replay[name].arrays().items():
             np.testing.assert_array_equal(v, stored.arrays()[k], err_msg=f"{name}: {k}")
         np.testing.assert_equal(replay[name].gradients, stored.gradients)  # nan == nan
+
+
+def test_runs_with_state_survive_save_and_load(tmp_path):
+    # with_state: snapshots and the trained weights come back exactly, as a Policy
+    cfg = rl.PolicyConfig(n_prompts=2, max_len=5, vocab=16, width=8, hidden=8, depth=1)
+    runs = {"a (x, y)": rl.RunConfig(steps=3), "eps 0.05": rl.RunConfig(steps=3, trainer="bf16")}
+    logs = rl.train_seeds(cfg, runs, [0, 10], progress=False, record=range(3), gradients=(1,))
+    rl.save_runs(tmp_path / "runs.json", logs, {"policy": asdict(cfg)}, with_state=True)
+    _, back = rl.load_runs(tmp_path / "runs.json")
+    for seed in (0, 10):
+        for name in runs:
+            got, want = back[seed][name], logs[seed][name]
+            assert list(got.snapshots) == [0, 1, 2]
+            for step, snap in want.snapshots.items():
+                assert set(got.snapshots[step]) == set(snap)
+                for k, v in snap.items():
+                    assert got.snapshots[step][k].dtype == v.dtype
+                    np.testing.assert_array_equal(got.snapshots[step][k], v)
+            assert isinstance(got.policy, rl.Policy) and got.policy.cfg == cfg
+            w, g = want.policy.state_dict(), got.policy.state_dict()
+            assert list(w) == list(g) and all(torch.equal(w[k], g[k]) for k in w)
+    # without state nothing extra is stored or restored
+    rl.save_runs(tmp_path / "plain.json", logs, {"policy": asdict(cfg)})
+    _, plain = rl.load_runs(tmp_path / "plain.json")
+    assert plain[0]["a (x, y)"].snapshots == {} and plain[0]["a (x, y)"].policy is None
+
+
+def test_save_runs_with_state_rejects_what_it_cannot_store(tmp_path):
+    cfg = rl.PolicyConfig(n_prompts=2, max_len=5, vocab=16, width=8, hidden=8, depth=1)
+    logs = rl.train_seeds(cfg, {"a": rl.RunConfig(steps=1)}, [0], progress=False)
+    with pytest.raises(ValueError, match=r"meta\['policy'\]"):
+        rl.save_runs(tmp_path / "r.json", logs, {}, with_state=True)
+    logs[0]["a"].policy = None
+    with pytest.raises(ValueError, match="policy=None"):
+        rl.save_runs(tmp_path / "r.json", logs, {"policy": {}}, with_state=True)
+
+
+def test_stored_key_runs_of_chapter_6_replay_exactly_with_their_final_weights():
+    # Chapter 6 loads its two key runs instead of training them: per-step logs, snapshots,
+    # gradient reports and trained weights must be what the script's runs give today. A
+    # short prefix first (what the chapter's hidden cell re-runs), then every step.
+    script = _script("ch6_key_runs")
+    meta, logs = rl.load_runs(_DATA.parent / "ch6_key_runs.json")
+    assert meta["command"].startswith("python3 scripts/ch6_key_runs.py")
+    assert meta["seeds"] == [script.SEED] and rl.PolicyConfig(**meta["policy"]) == script.POLICY
+    stored = logs[script.SEED]
+    assert {k: v.config for k, v in stored.items()} == script.runs()
+    for steps in (4, None):
+        replay = script.train(steps)
+        for name, log in replay.items():
+            n = len(log.reward)
+            for k, v in log.arrays().items():
+                np.testing.assert_array_equal(v, stored[name].arrays()[k][:n], err_msg=f"{name}: {k}")
+            assert sorted(log.snapshots) == list(range(n))
+            for step, snap in log.snapshots.items():
+                for k, v in snap.items():
+                    np.testing.assert_array_equal(v, stored[name].snapshots[step][k])
+            for step, rep in log.gradients.items():
+                np.testing.assert_equal(rep, stored[name].gradients[step])  # nan == nan
+    for name, log in replay.items():  # every step: the final weights too
+        assert set(log.gradients) == set(script.GRADIENT_STEPS)
+        w, g = log.policy.state_dict(), stored[name].policy.state_dict()
+        assert list(w) == list(g) and all(torch.equal(w[k], g[k]) for k in w)

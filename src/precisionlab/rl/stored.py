@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from .policy import Policy, PolicyConfig
 from .runs import STEP_FIELDS, RunConfig, RunLog
 
 __all__ = ["find_stored", "load_runs", "provenance", "save_runs"]
@@ -32,8 +33,14 @@ def provenance(argv: Sequence[str] | None = None) -> dict[str, str]:
             "python_version": platform.python_version()}
 
 
-def save_runs(path, logs: Mapping[int, Mapping[str, RunLog]], meta: Mapping) -> None:
-    """Write runs to `path` (.json: meta, configs, gradient reports; beside it .npz: every STEP_FIELDS array, exact float64)."""
+def save_runs(path, logs: Mapping[int, Mapping[str, RunLog]], meta: Mapping,
+              with_state: bool = False) -> None:
+    """Write runs to `path` (.json: meta, configs, gradient reports; beside it .npz: every STEP_FIELDS array, exact float64).
+
+    with_state=True also stores each run's per-token snapshots (`record`) and its final
+    weights (the policy's state_dict), so that `load_runs` gives back RunLogs a chapter can
+    use in place of the live runs; meta must then hold the PolicyConfig as meta["policy"].
+    """
     # logs: seed -> run name -> RunLog, every seed with the same run names and configs.
     path = Path(path)
     seeds = sorted(logs)
@@ -41,6 +48,18 @@ def save_runs(path, logs: Mapping[int, Mapping[str, RunLog]], meta: Mapping) -> 
     # One (fields, steps) float64 array per seed and run.
     arrays = {f"{seed}.{name}": np.stack(list(logs[seed][name].arrays().values()))
               for seed in seeds for name in names}
+    if with_state:
+        if "policy" not in meta:
+            raise ValueError("with_state=True needs the runs' PolicyConfig in meta['policy'] "
+                             "(dataclasses.asdict of it)")
+        for key, log in ((f"{s}.{n}", logs[s][n]) for s in seeds for n in names):
+            if log.policy is None:
+                raise ValueError(f"with_state=True stores final weights, but run {key!r} has "
+                                 "policy=None; pass the RunLogs that train returned")
+            for step, snap in log.snapshots.items():
+                arrays.update({f"{key}.snapshot.{step}.{k}": v for k, v in snap.items()})
+            arrays.update({f"{key}.state.{k}": v.detach().numpy()
+                           for k, v in log.policy.state_dict().items()})
     np.savez_compressed(path.with_suffix(".npz"), **arrays)
     doc = {**meta, "seeds": seeds, "fields": list(STEP_FIELDS),
            "runs": {name: asdict(logs[seeds[0]][name].config) for name in names},
@@ -50,11 +69,13 @@ def save_runs(path, logs: Mapping[int, Mapping[str, RunLog]], meta: Mapping) -> 
                for seed in seeds for name in names if logs[seed][name].gradients}
     if reports:
         doc["gradients"] = reports
+    if with_state:
+        doc["with_state"] = True
     path.write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")
 
 
 def load_runs(path) -> tuple[dict, dict[int, dict[str, RunLog]]]:
-    """(meta, seed -> run name -> RunLog) from a file written by `save_runs` (gradient reports kept, no policies)."""
+    """(meta, seed -> run name -> RunLog) from a file written by `save_runs` (gradient reports kept; snapshots and final policies where stored with_state)."""
     path = Path(path)
     meta = json.loads(path.read_text())
     with np.load(path.parent / meta["arrays"]) as z:
@@ -65,9 +86,28 @@ def load_runs(path) -> tuple[dict, dict[int, dict[str, RunLog]]]:
         for name, cfg in meta["runs"].items():
             fields = dict(zip(meta["fields"], arrays[f"{seed}.{name}"], strict=True))
             reports = meta.get("gradients", {}).get(f"{seed}.{name}", {})
-            logs[seed][name] = RunLog(config=RunConfig(**cfg), **fields,
-                                      gradients={int(k): v for k, v in reports.items()})
+            log = RunLog(config=RunConfig(**cfg), **fields,
+                         gradients={int(k): v for k, v in reports.items()})
+            if meta.get("with_state"):
+                _restore_state(log, f"{seed}.{name}", arrays, PolicyConfig(**meta["policy"]),
+                               seed)
+            logs[seed][name] = log
     return meta, logs
+
+
+def _restore_state(log: RunLog, key: str, arrays: Mapping[str, np.ndarray],
+                   policy_cfg: PolicyConfig, seed: int) -> None:
+    """Put a stored run's snapshots and final weights (`save_runs(with_state=True)`) into log."""
+    for k, v in arrays.items():
+        if k.startswith(key + ".snapshot."):
+            step, field_name = k[len(key) + len(".snapshot."):].split(".")
+            log.snapshots.setdefault(int(step), {})[field_name] = v
+    log.snapshots = dict(sorted(log.snapshots.items()))
+    policy = Policy(policy_cfg, seed)
+    state = {k[len(key) + len(".state."):]: torch.from_numpy(v.copy())
+             for k, v in arrays.items() if k.startswith(key + ".state.")}
+    policy.load_state_dict(state)  # strict: every weight and buffer, exact float32
+    log.policy = policy
 
 
 def find_stored(name: str, start=None):

@@ -546,3 +546,29 @@ def test_solver_rejects_bad_input():
 def test_every_profile_name_is_registered_once():
     assert list(PROFILES) == list(PROFILE_NAMES)
     assert {"fp32", "tf32", "bf16", "fp16", "fp8"} <= set(PROFILE_NAMES)
+
+
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float8_e4m3fn"])
+def test_convert_of_a_long_input_is_the_ml_dtypes_cast_of_every_value(fmt):
+    # convert rounds long inputs in several short calls (rounding's NumPy tier): every value,
+    # on both sides of each call boundary, is the nearest-even cast that ml_dtypes (NumPy for
+    # float16) makes, with the hard regions mixed in: ties, subnormals, overflow, +-inf, NaN.
+    import ml_dtypes
+
+    from precisionlab.gpu.arith import RoundedAdder
+
+    f = get_format(fmt)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 5000)) * 2.0 ** rng.integers(-30, 20, (3, 5000))
+    x.flat[::97] = f.max_finite * 1.5
+    x.flat[1::97] = f.min_subnormal * 0.75
+    x.flat[2::97] = 1 + 2.0 ** -(f.precision)  # a tie at 1
+    x.flat[3::97] = [np.inf, -np.inf, np.nan] * (len(x.flat[3::97]) // 3) + [
+        np.nan] * (len(x.flat[3::97]) % 3)
+    cast = np.float16 if fmt == "float16" else getattr(ml_dtypes, fmt)
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = RoundedAdder(fmt).convert(x)
+        want = x.astype(cast).astype(np.float64)
+    assert got.shape == x.shape
+    np.testing.assert_array_equal(got, want.astype(got.dtype))
+    assert np.array_equal(np.signbit(got), np.signbit(want))

@@ -24,11 +24,19 @@ from tqdm.auto import tqdm
 from ..exact import as_float64, two_sum
 from ..formats import FloatFormat, get_format
 from ..rounding import check_mode, round_to, seed_generator
+from ..rounding_kernel import NUMBA_MIN_SIZE
 
 __all__ = ["RoundedAdder", "progress", "round_float64", "round_to_odd", "rounded_add"]
 
 # About this many simulated adds take a few seconds on two cores: beyond it, show a bar.
 PROGRESS_WORK = 200_000_000
+
+# Loading an input into the format is one rounding of each value: on rounding's NumPy tier
+# (about 15 ns a value) that is cheaper than compiling its numba loop from a cold cache (a
+# second or more) up to this many values, so `convert` keeps its calls below NUMBA_MIN_SIZE
+# values each there. The same bits either way; stochastic rounding is left in one call, since
+# its random stream is drawn per call.
+CONVERT_NUMPY_MAX = 1 << 23
 
 
 def progress(steps: range, work: int, desc: str):
@@ -100,8 +108,15 @@ class RoundedAdder:
 
     def convert(self, x) -> np.ndarray:
         """fl(x) for every entry of x (any real inputs), as a C-contiguous container array."""
-        a = np.asarray(x, dtype=np.float64)
-        r = a if self.fmt.name == "float64" else np.asarray(self._round(np.ascontiguousarray(a)))
+        a = np.ascontiguousarray(x, dtype=np.float64)
+        if self.fmt.name == "float64":
+            r = a
+        elif self.mode != "stochastic" and a.size <= CONVERT_NUMPY_MAX:  # NumPy tier
+            flat, n = a.reshape(-1), NUMBA_MIN_SIZE - 1
+            r = np.concatenate([np.asarray(self._round(flat[i:i + n]))
+                                for i in range(0, flat.size, n)] or [flat]).reshape(a.shape)
+        else:
+            r = np.asarray(self._round(a))
         return np.ascontiguousarray(r, dtype=self.dtype)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -5,7 +5,8 @@ Two back ends give bit-identical answers:
 * **native** — where a library already casts exactly (round-to-nearest-even from float32
   into float16, bfloat16 and float8_e5m2 with torch, and into float8_e4m3fn with the
   overflow rule this torch has: saturating from torch 2.13, NaN before; float64 into
-  float32 with NumPy), casting there and back.
+  float32 with NumPy), casting there and back. NaNs come back as the quiet NaN with the
+  input's sign, the kernel's pattern (a library cast keeps payload bits).
 * **emulated** — integer arithmetic on the bit patterns: add a mode-dependent increment
   below the kept bits, then clear them. Carries ripple into the exponent on their own, which
   is why this recipe is exact. It covers everything the libraries lack (tf32, nearest-away,
@@ -20,9 +21,11 @@ Two back ends give bit-identical answers:
   depend on the tier, the thread count or the CPU. The recipe and its three tiers are in
   `rounding_kernel`; this module picks the tier.
 
-`backend="auto"` uses the native cast for float16/float32 targets and the kernel elsewhere,
-because a round trip through torch's bfloat16/fp8 dtypes measured slower than the kernel's
-single pass (see benchmarks/bench_rounding.py); the tests hold both back ends to the oracles.
+`backend="auto"` uses the native cast for float32 targets and for float16 below 4096
+values, and the kernel elsewhere, because a round trip through torch's narrow dtypes is two
+casts and a temporary and measured slower than the kernel's single pass from 4096 values on
+(see benchmarks/bench_rounding.py); the tests hold both back ends to the oracles, and to each
+other on every float32 bit pattern (tests/test_rounding_native.py).
 
 Inputs may be NumPy arrays, Python scalars or torch tensors; the result is of the same kind.
 float32 and float64 inputs keep their dtype; narrower float inputs are widened to float32
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import rounding_kernel
 from .checks import check_choice
 from .exact import as_float64
 from .formats import FORMATS, FloatFormat, get_format
@@ -177,8 +181,8 @@ def _to_numpy(x):
 
 # Where "auto" takes the library cast. Every native cast is exact, but a round trip through
 # torch's narrow dtype is two conversions, and for bfloat16 and the fp8 formats it measured
-# slower than the kernel's single fused pass (benchmarks/bench_rounding.py); float16 casts
-# run on the CPU's F16C instructions and stay native, as does NumPy's float64 -> float32.
+# slower than the kernel's single fused pass (benchmarks/bench_rounding.py); float16 stays
+# native on short arrays (_auto_takes_native), as does NumPy's float64 -> float32.
 _AUTO_NATIVE = frozenset({"float16", "float32"})
 
 
@@ -198,10 +202,24 @@ def _torch_e4m3fn_saturates() -> bool | None:
     return None  # some other rule: no native cast for e4m3fn
 
 
+def _canonical_nans(a: np.ndarray, out: np.ndarray) -> None:
+    """Give every NaN of out the emulated back end's bits: the quiet NaN with a's sign.
+
+    A library cast keeps some of a NaN input's payload bits; the integer kernel writes the
+    quiet NaN (payload 0) with the input's sign, and so, after this, does the native path.
+    """
+    nan = np.isnan(out)
+    if nan.any():
+        out[nan] = np.copysign(np.array(np.nan, dtype=out.dtype), a[nan])
+
+
 def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
     """A function out -> None that writes the library's exact fl(a) into out, or None."""
     if a.dtype == np.float64 and fmt.name == "float32" and not saturate:
-        return lambda out: np.copyto(out, a.astype(np.float32))  # C double->float is RNE
+        def cast64(out):
+            np.copyto(out, a.astype(np.float32))  # C double->float is RNE
+            _canonical_nans(a, out)
+        return cast64
     # torch 2.13 casts float64 through float32 (double rounding), so only float32 inputs go
     # native, whatever the version. torch 2.13's e8m0fnu cast takes 0 to 2^-127 and drops the
     # sign; ml_dtypes (followed here) gives NaN: unsigned formats never go native.
@@ -213,7 +231,20 @@ def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
     torch_saturates = _torch_e4m3fn_saturates() if fmt.name == "float8_e4m3fn" else False
     if torch_saturates is None or torch_saturates != bool(saturate):
         return None
-    return lambda out: torch.from_numpy(out).copy_(torch.from_numpy(a).to(fmt.torch_dtype))
+    def cast(out):
+        torch.from_numpy(out).copy_(torch.from_numpy(a).to(fmt.torch_dtype))
+        _canonical_nans(a, out)
+    return cast
+
+
+def _auto_takes_native(a: np.ndarray, fmt: FloatFormat) -> bool:
+    """Whether backend="auto" takes an exact native cast (given one) rather than the kernel."""
+    if a.dtype == np.float32 and fmt.name == "float16":
+        # torch's round trip is two casts and a temporary; from NUMBA_MIN_SIZE values on the
+        # kernel's one fused pass (_nearest_f32_loop: the same bits on every float32 pattern,
+        # tests/test_rounding_native.py) is faster, below it the round trip beats NumPy.
+        return a.size < rounding_kernel.NUMBA_MIN_SIZE
+    return fmt.name in _AUTO_NATIVE
 
 
 def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator | None = None,
@@ -241,8 +272,8 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
     these formats (and into bfloat16 and float8) through float32, rounding twice, and takes
     float32 subnormals in (2^-127, 1.5 * 2^-127) up to 2^-126 in e8m0fnu; 0.7.0 rounds once
     and to the nearest value there. torch 2.13 does both, as ml_dtypes before 0.7.0 did.
-    backend: "auto" takes the library cast for float16 and float32 targets (exact and
-    fastest there) and the integer kernel otherwise; "native" forces the library cast and
+    backend: "auto" takes the library cast for float32 targets and float16 below 4096
+    values (exact and fastest there) and the integer kernel otherwise; "native" forces the library cast and
     raises where none is exact; "emulated" always runs the kernel. All agree bit for bit.
     out: a contiguous float32/float64 NumPy array of x's shape and dtype to write into (saves
     allocating, and first touching, a fresh result array on every call).
@@ -334,7 +365,8 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
             f"no exact native cast for {a.dtype} -> {fmt.name} with mode={mode!r}, "
             f"saturate={saturate}; use backend='auto' or 'emulated'"
         )
-    if native is not None and (backend == "native" or (backend == "auto" and fmt.name in _AUTO_NATIVE)):
+    if native is not None and (backend == "native"
+                               or (backend == "auto" and _auto_takes_native(a, fmt))):
         native(out)
     elif fmt.has_nan and fmt.signed:
         emulate_into(a, out, fmt, code, generator, saturate)

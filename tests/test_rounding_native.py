@@ -1,0 +1,149 @@
+"""The fast nearest-even paths against the generic recipe, bit for bit, on float32 bit patterns.
+
+Three computations of fl(x) for float32 x, rounded to nearest even, must give the same 32
+bits for every pattern, NaNs included (the quiet NaN with x's sign):
+
+* ``native``: torch's cast there and back (round_to's backend="native"), where torch has the
+  format: float16, bfloat16, float8_e5m2, float8_e4m3fn (with torch's own overflow rule);
+* ``float32 kernel``: what backend="auto"/"emulated" runs from 4096 values on: for formats
+  whose emin is above float32's, the fused `_nearest_f32_loop` (integer add-then-clear for
+  normals, float32 addition onto the subnormal grid below), else the uniform recipe;
+* ``float64 recipe``: the generic `_round_word` (variable shift, tiny case) on the same
+  values widened to float64 words, a different container and a different route.
+
+torch's casts are checked under every ATEN_CPU_CAPABILITY this CPU runs (a subprocess each),
+since each dispatch level has its own vectorised conversion code. The suite checks a sample
+(every exponent with the mantissas at every rounding boundary, plus random patterns);
+``python tests/test_rounding_native.py --exhaustive`` checks all 2^32 patterns in chunks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from precisionlab.formats import get_format
+from precisionlab.rounding import round_to
+
+NATIVE = ["float16", "bfloat16", "float8_e5m2", "float8_e4m3fn"]
+KERNEL_ONLY = ["float6_e3m2fn", "float6_e2m3fn", "float4_e2m1fn"]  # no torch dtype to compare
+CAPABILITIES = ["default", "avx2", "avx512"]
+CHUNK = 1 << 24
+
+
+def boundary_patterns() -> np.ndarray:
+    """uint32 patterns: both signs, every exponent field, mantissas at each shift's boundaries.
+
+    For every number of dropped bits s (1..23): a tie (half), one either side of it, the
+    last dropped pattern, with the kept lsb even and odd; plus 0, 1 and all-ones mantissas
+    (zeros, the smallest subnormals, inf, NaN payloads, the largest values of each binade).
+    """
+    mant = {0, 1, 2, (1 << 23) - 1, (1 << 22), (1 << 22) + 1}
+    for s in range(1, 24):
+        half = 1 << (s - 1)
+        for kept in (0, 1 << s, 3 << s, ((1 << 23) - 1) & ~((1 << s) - 1)):
+            for d in (half - 1, half, half + 1, (1 << s) - 1, 1):
+                mant.add((kept + d) & ((1 << 23) - 1))
+    m = np.array(sorted(mant), dtype=np.uint32)
+    e = np.arange(256, dtype=np.uint32) << np.uint32(23)
+    p = (e[:, None] | m[None, :]).ravel()
+    return np.concatenate([p, p | np.uint32(1 << 31)])
+
+
+def sample_patterns(n_random: int = 1 << 20, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    rand = rng.integers(0, 2**32, size=n_random, dtype=np.uint64).astype(np.uint32)
+    return np.concatenate([boundary_patterns(), rand])
+
+
+def native_saturates(name: str) -> bool | None:
+    """The overflow rule of torch's cast into name (False: inf/NaN), None if it has no exact one."""
+    for sat in (False, True):
+        try:
+            round_to(np.ones(8, np.float32), name, backend="native", saturate=sat)
+            return sat
+        except ValueError:
+            pass
+    return None
+
+
+def compare(words: np.ndarray, name: str) -> list[str]:
+    """The three computations on float32 patterns `words`; a description of each mismatch."""
+    fmt = get_format(name)
+    x = words.view(np.float32)
+    sat = native_saturates(name) if name in NATIVE else None
+    saturate = bool(sat) or not fmt.has_nan  # float4/float6 always saturate
+    assert x.size >= 4096  # the numba tier, where the fused loop runs
+    with np.errstate(invalid="ignore", over="ignore"):
+        kernel = round_to(x, fmt, backend="emulated", saturate=saturate).view(np.uint32)
+        auto = round_to(x, fmt, saturate=saturate).view(np.uint32)
+        wide = round_to(x.astype(np.float64), fmt, backend="emulated", saturate=saturate)
+        wide = wide.astype(np.float32).view(np.uint32)  # exact: fmt's values are float32s
+    results = {"auto": auto, "float64 recipe": wide}
+    if sat is not None and name in NATIVE:
+        results["native"] = round_to(x, fmt, backend="native", saturate=saturate).view(np.uint32)
+    bad = []
+    for label, r in results.items():
+        diff = np.flatnonzero(r != kernel)
+        if diff.size:
+            i = diff[0]
+            bad.append(f"{name}: {label} differs from the float32 kernel on {diff.size} patterns,"
+                       f" first {words[i]:#010x}: {r[i]:#010x} vs {kernel[i]:#010x}")
+    return bad
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+@pytest.mark.parametrize("name", NATIVE + KERNEL_ONLY)
+def test_fast_nearest_even_paths_agree_bit_for_bit_on_boundary_patterns(name):
+    assert compare(sample_patterns(), name) == []
+
+
+def test_the_boundary_sample_reaches_every_exponent_sign_and_special():
+    p = boundary_patterns()
+    assert np.unique(p >> np.uint32(23)).size == 512  # 256 exponents, both signs
+    x = p.view(np.float32)
+    assert np.isnan(x).sum() > 100 and np.isinf(x).sum() == 2
+    assert (p == np.uint32(1 << 31)).any() and (p == 0).any()  # -0.0 and +0.0
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_torch_casts_agree_under_every_dispatch_level(capability):
+    """A subprocess per ATEN_CPU_CAPABILITY: torch picks its vectorised casts at start-up."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+    run = subprocess.run([sys.executable, __file__, "--capability", capability],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "ok" in run.stdout.splitlines()[-1], run.stdout
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--exhaustive", action="store_true", help="all 2^32 float32 patterns")
+    ap.add_argument("--capability", help="the ATEN_CPU_CAPABILITY this process was started with")
+    ap.add_argument("--formats", default=",".join(NATIVE + KERNEL_ONLY))
+    args = ap.parse_args()
+    got = torch.backends.cpu.get_cpu_capability()
+    print(f"torch {torch.__version__}, cpu capability {got}", flush=True)
+    bad: list[str] = []
+    for name in args.formats.split(","):
+        t0 = time.perf_counter()
+        if args.exhaustive:
+            for lo in range(0, 1 << 32, CHUNK):
+                bad += compare(np.arange(lo, lo + CHUNK, dtype=np.uint64).astype(np.uint32), name)
+        else:
+            bad += compare(sample_patterns(), name)
+        print(f"{name}: {'all 2^32' if args.exhaustive else 'sampled'} patterns, "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+    print("\n".join(bad) if bad else f"ok ({got})")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

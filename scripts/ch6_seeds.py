@@ -1,18 +1,19 @@
 """Chapter 6's repeated runs, stored so that the chapter replays them instead of training them.
 
 Chapter 6's two key runs on seed 0 (the matched and mismatched runs at eps = 0.2, which a
-reader follows step by step) are stored whole by scripts/ch6_key_runs.py. Everything else
-it shows is stored here, trained once on seeds 0, 1 and 2, because a training run is
-chaotic in its seed and the chapter repeats its central contrasts on three seeds: the matched and mismatched runs at eps = 0.2 (every step recorded,
-gradient reports at steps 3 and 20), the same pair at eps = 0.05 (gradient reports at steps
-3 and 20), the convergence table's other rows (fp32 engine, fp16 on both sides, lr x10,
-bf16-stored weights at both rates), the interventions at eps = 0.2 (ratio = 1, ratio from
-the shadow forward, eps = 10, detached and detached-centred weights) and the two fixes at
-eps = 0.05 (ratio from the shadow forward, detached weights). The file holds every run's
-per-step log, its gradient reports and the recorded runs' per-step mean token weight mu_W,
-in data/ch6_seeds.json and .npz, with the command, the versions and the seeds. Seed 0 of the
-key runs is stored here too, so that the chapter can check the two files against each
-other, step for step; hidden cells re-run the first steps of the others.
+reader follows step by step) are stored whole by scripts/ch6_key_runs.py. Everything else it
+shows is stored here, trained once on seeds 0, 1 and 2, because a training run is chaotic in
+its seed and the chapter repeats its central contrasts on three seeds: the matched and
+mismatched runs at eps = 0.2 (every step recorded, gradient reports at steps 3 and 20), the
+same pair at eps = 0.05 (gradient reports at steps 3 and 20), the convergence table's other
+rows (fp32 engine, fp16 on both sides, lr x10, bf16-stored weights at both rates), the
+interventions at eps = 0.2 (ratio = 1, ratio from the shadow forward, eps = 10, detached and
+detached-centred weights) and the two fixes at eps = 0.05 (ratio from the shadow forward,
+detached weights). The file holds every run's per-step log, its gradient reports and the
+recorded runs' per-step mean token weight mu_W, in data/ch6_seeds.json and .npz, with the
+command, the versions and the seeds. Seed 0 of the key runs is stored here too, so that the
+chapter can check the two files against each other, step for step; hidden cells re-run the
+first steps of the others.
 
 Run (from the repository root):
 

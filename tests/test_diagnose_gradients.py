@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from diagnose_models import SmallCNN
 from oracles import table_round
+from torch import nn
 
 from precisionlab import diagnose
 
@@ -439,3 +440,65 @@ def test_a_bfloat16_model_is_counted_from_float32_gradients():
     # float32 images: cast_inputs=True rounds them to the model's bfloat16 first
     rc = diagnose.gradients(low, lambda out: loss_fn(out.float()), x, cast_inputs=True)
     assert [t.flushed for t in rc.tensors] == [t.flushed for t in r.tensors]
+
+
+# ---- forward activations (forward=True): leaf outputs against each format's range
+_EDGES = [1.0, 65504.0, 65519.99609375, 65520.0, -7e4, 3.3e38, 1e-8]  # float16 rounds 65520 up
+
+
+def _planted(values):
+    """A one-layer model whose output is exactly `values` (identity weight, no bias), then a
+    ReLU and a small head: the planted activations pass 65504 or not."""
+    n = len(values)
+    model = nn.Sequential(nn.Linear(n, n, bias=False), nn.ReLU(), nn.Linear(n, 1))
+    with torch.no_grad():
+        model[0].weight.copy_(torch.eye(n))
+        model[2].weight.fill_(1e-3)
+    return model, torch.tensor([values], dtype=torch.float32)
+
+
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float8_e5m2"])
+def test_forward_activations_overflow_counted_against_torchs_own_cast(fmt):
+    model, x = _planted(_EDGES)
+    r = diagnose.gradients(model, lambda out: out.sum(), x, formats=(fmt,))
+    dt = getattr(torch, fmt)
+    with torch.no_grad():
+        h = model[0](x)
+        outs = {"0": h, "1": torch.relu(h), "2": model(x)}
+    assert [t.name for t in r.forward] == ["0", "1", "2"]
+    for t in r.forward:
+        v = outs[t.name]
+        oracle = int((torch.isinf(v.to(dt)) & torch.isfinite(v)).sum())  # the cast itself
+        assert t.kind == "forward" and t.overflow[fmt] == oracle
+        assert t.max_abs == float(v.abs().max())
+    total = sum(t.overflow[fmt] for t in r.forward)
+    assert r.forward_overflow(fmt) == (total, sum(1 for t in r.forward if t.overflow[fmt]))
+    if fmt == "float16":  # 65520, -7e4 and 3.3e38 overflow, 65519.996 rounds down to 65504;
+        # the ReLU keeps the positive two; the head's 1e-3 x 3.3e38 overflows too
+        assert [t.overflow["float16"] for t in r.forward] == [3, 2, 1]
+        assert r.forward_headroom("float16") == pytest.approx(math.log2(65504 / 3.3e38),
+                                                              rel=1e-6)
+
+
+def test_forward_activations_that_fit_and_the_report_lines():
+    model, x = _planted([1.0, -60000.0, 65504.0, 2.0])
+    fit = diagnose.gradients(model, lambda out: out.sum(), x)
+    assert fit.forward_overflow("float16") == (0, 0)
+    assert fit.forward_headroom("float16") == 0.0  # 65504 itself is the top
+    assert "float16: 0 values overflow (in 0 outputs), headroom 0.0 binades" in fit.summary()
+    assert ["inf/NaN in the forward", "fp16 forward ovf 0 in 0", "-"] in fit.fixes().rows
+    big, xb = _planted([1.0, 7e4, 2.0, 3.0])
+    over = diagnose.gradients(big, lambda out: out.sum(), xb)
+    assert over.forward_overflow("float16") == (2, 2)  # the linear's and the ReLU's 7e4
+    assert ["inf/NaN in the forward", "fp16 forward ovf 2 in 2",
+            "bfloat16, or float32 there"] in over.fixes().rows
+    text = over.forward_table().to_text()
+    assert text.splitlines()[0].split() == ["output", "max|x|", "fp16", "ovf", "fp16", "hr",
+                                            "bf16", "ovf", "bf16", "hr"]
+    assert "-0.1" in text  # log2(65504 / 7e4) = -0.096 binades
+    # the parameter gradients are those of forward=False, which counts no forward
+    off = diagnose.gradients(big, lambda out: out.sum(), xb, forward=False)
+    assert off.forward == () and "forward" not in off.summary()
+    assert [t.overflow for t in off.tensors] == [t.overflow for t in over.tensors]
+    with pytest.raises(ValueError, match="forward must be True or False; got forward='yes'"):
+        diagnose.gradients(big, lambda out: out.sum(), xb, forward="yes")

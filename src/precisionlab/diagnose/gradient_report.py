@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..checks import check_integer
+from ..checks import check_choice, check_integer
 from ..formats import FloatFormat, get_format, short_name
 from ..tables import Table
 from .recipe_shares import recipe_lines, recipe_rows, recipe_share, recipe_table
 from .report import Report, fmt_num, fmt_share, new_axes, pow2_label, rows_fit, short
 from .scale_view import ViewTable, scale_alt, scale_figure
+from .watch_report import headroom
 
 __all__ = ["EXP_BINS", "EXP_OFFSET", "GradientReport", "TensorGradients", "cast_thresholds",
            "count_below_normal", "loss_scale_range"]
@@ -190,6 +191,9 @@ class GradientReport(Report):
     copied_from : str
         The model's float16/bfloat16 parameter dtypes when its backward ran on a float32
         copy ("bfloat16"), else "".
+    forward : tuple of TensorGradients
+        With forward=True, one per leaf module's output of the same forward (kind
+        "forward", unscaled values, in forward order): its overflow in each format.
 
     Examples
     --------
@@ -212,6 +216,7 @@ class GradientReport(Report):
     loss flat, early-layer grads 0  fp16 flushes 80.0%
     slow or noisy progress          fp16 subnormal 0
     inf/NaN loss, skipped steps     fp16 overflow 0
+    inf/NaN in the forward          fp16 forward ovf 0 in 0
     weights stop changing           bf16 updates lost 80.0%
     <BLANKLINE>
     symptom                         fix
@@ -219,6 +224,7 @@ class GradientReport(Report):
     loss flat, early-layer grads 0  loss scale 2^12..2^14, or bfloat16
     slow or noisy progress          -
     inf/NaN loss, skipped steps     -
+    inf/NaN in the forward          -
     weights stop changing           float32 master weights
     """
 
@@ -233,6 +239,7 @@ class GradientReport(Report):
     title: str = "gradients in reduced precision"
     recipes: tuple = ()  # the quantize.Recipe objects each tensor was quantized under
     copied_from: str = ""  # the model's low dtypes when the backward ran on a float32 copy
+    forward: tuple = ()  # TensorGradients of kind "forward": the leaf modules' outputs
 
     # ------------------------------------------------------------------ totals
     def _of(self, kind):
@@ -343,7 +350,77 @@ class GradientReport(Report):
             lines.append(f"{self.optimizer} step lr={self.lr:g}: bfloat16 weights that would not "
                          f"move: {fmt_share(self.swallowed_share)}")
         lines += recipe_lines(self._of("parameter"), self.recipes)
+        lines += self._forward_lines()
         return "\n".join(lines)
+
+    # ------------------------------------------------------------------ the forward
+    def forward_overflow(self, fmt: str = "float16") -> tuple[int, int]:
+        """(entries, outputs): the forward values a cast to fmt takes to +-inf (inf already
+        in float32 included), and in how many leaf-module outputs.
+
+        Parameters
+        ----------
+        fmt : str, default "float16"
+            One of the report's formats.
+
+        Returns
+        -------
+        tuple of int
+            The entries and the outputs that hold them ((0, 0) without forward=True).
+        """
+        check_choice(fmt, "fmt", self.formats)
+        over = [t.overflow[fmt] for t in self.forward if t.overflow[fmt]]
+        return sum(over), len(over)
+
+    def forward_headroom(self, fmt: str = "float16") -> float:
+        """log2(fmt's largest finite value / the largest |value| of the forward), binades:
+        negative when a forward value overflows fmt (-inf when one is already inf or NaN;
+        NaN without forward=True)."""
+        check_choice(fmt, "fmt", self.formats)
+        if not self.forward:
+            return math.nan
+        if any(t.nonfinite for t in self.forward):
+            return -math.inf
+        return headroom(max(t.max_abs for t in self.forward), fmt)
+
+    def _forward_lines(self) -> list[str]:
+        if not self.forward:
+            return []
+        top = max(self.forward, key=lambda t: t.max_abs)
+        n, m = sum(t.numel for t in self.forward), len(self.forward)
+        lines = [f"forward ({m} leaf output{'s' * (m != 1)}, {n} values): max |x| "
+                 f"{fmt_num(top.max_abs)} in {short(top.name, 24)}"]
+        for f in self.formats:
+            k, o = self.forward_overflow(f)
+            lines.append(f"  {f}: {k} values overflow (in {o} outputs), headroom "
+                         f"{self.forward_headroom(f):.1f} binades")
+        return lines
+
+    def forward_table(self, limit: int = 24) -> Table:
+        """One row per leaf module's output of the forward: max |x|, per format the entries
+        that overflow and the headroom in binades.
+
+        Parameters
+        ----------
+        limit : int, default 24
+            The most outputs shown; a last row says how many were left out.
+
+        Returns
+        -------
+        Table
+            Columns output, max|x|, then per format "fp16 ovf" and "fp16 hr" (binades).
+        """
+        heads = ["output", "max|x|"]
+        for f in self.formats:
+            heads += [f"{short_name(f)} ovf", f"{short_name(f)} hr"]
+        rows = []
+        for t in self.forward:
+            r = [short(t.name, 24), fmt_num(t.max_abs)]
+            for f in self.formats:
+                hr = -math.inf if t.nonfinite else headroom(t.max_abs, f)
+                r += [str(t.overflow[f]), f"{hr:.1f}"]
+            rows.append(r)
+        return Table(heads, rows_fit(rows, limit))
 
     # ------------------------------------------------------------------ recipes
     def recipe_share(self, what: str, recipe, kind: str = "parameter") -> float:
@@ -465,6 +542,10 @@ class GradientReport(Report):
                          fix if sub else "-"])
             rows.append(["inf/NaN loss, skipped steps", f"fp16 overflow {fmt_share(ov)}",
                          (f"scale <= {pow2_label(r[1])}" if r else "bfloat16") if ov else "-"])
+            if self.forward:
+                k, m = self.forward_overflow("float16")
+                rows.append(["inf/NaN in the forward", f"fp16 forward ovf {k} in {m}",
+                             "bfloat16, or float32 there" if k else "-"])
         if self.lr is not None:
             s = self.swallowed_share
             rows.append(["weights stop changing", f"bf16 updates lost {fmt_share(s)}",

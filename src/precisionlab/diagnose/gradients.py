@@ -32,7 +32,7 @@ import torch
 from ..checks import check_choice
 from ..formats import FloatFormat, get_format
 from ..updates import swallowed as update_swallowed
-from .batch import as_inputs, call, for_program
+from .batch import as_inputs, call, for_program, tensors
 from .gradient_report import (
     EXP_BINS,
     EXP_OFFSET,
@@ -255,7 +255,7 @@ _LOW = (torch.float16, torch.bfloat16)  # parameter dtypes the backward does not
 def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float16", "bfloat16"),
               scale: float = 1.0, lr: float | None = None, optimizer: str = "sgd",
               tail: float = 1e-3, activations: bool = False, recipe=None,
-              cast_inputs: bool = False) -> GradientReport:
+              cast_inputs: bool = False, forward: bool = True) -> GradientReport:
     """Gradient counts of loss_fn(model(*batch)) after one float32 backward: per tensor and format,
     entries with |scale g| <= q/2 (flushed), < n - q/2 (subnormal), >= M + ulp(M)/2 (overflow).
 
@@ -271,7 +271,16 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
     the shares saturated / underflowed to zero / subnormal and the SQNR
     10 log10(sum g^2 / sum (g - deq)^2) dB; a tensor the recipe's block does not divide (or
     with inf/NaN entries) is marked with the reason, never padded. The model's own .grad are
-    restored.
+    restored. forward: also count the values of the same forward, every leaf module's output,
+    against each format's range (`GradientReport.forward`): a float32 value past float16's
+    65504 is an inf in a float16 forward.
+
+    What one call tells: for this batch and these weights (one step), which gradients and
+    leaf-module outputs a cast to each format would flush, leave subnormal or overflow. It
+    does not run the model in the format (its rounding on the way is not modelled), sees
+    values inside a module's own code (attention scores of a written-out attention) only
+    through the module's output, and says nothing of later steps, where weights and
+    activations grow; `watch` follows a run.
 
     Parameters
     ----------
@@ -302,6 +311,10 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
         normal floor when the loss-scale range is chosen.
     activations : bool, default False
         Also count the gradient of every leaf module's output.
+    forward : bool, default True
+        Also count every leaf module's output in the forward (unscaled): overflow and
+        headroom per format, in `GradientReport.forward`, `forward_table`, the summary and
+        the fix table.
     recipe : str or Recipe or sequence or None, default None
         A scaling recipe ("fp8_tensor", "mxfp8", "nvfp4", ... from `quantize.RECIPES`, or a
         `quantize.Recipe`) or a sequence of them with distinct names: also quantize each
@@ -341,6 +354,9 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
     >>> print("\\n".join(report.summary().splitlines()[1:]))
     float16: flushed 80.0%, subnormal 0, overflow 0; loss scales: 2^12 .. 2^14
     bfloat16: flushed 0, subnormal 0, overflow 0; loss scales: 2^-100 .. 2^126
+    forward (1 leaf output, 4 values): max |x| 0.132 in (model)
+      float16: 0 values overflow (in 0 outputs), headroom 18.9 binades
+      bfloat16: 0 values overflow (in 0 outputs), headroom 130.9 binades
     >>> report.scale_range["float16"], report.total("flushed", "float16")
     ((12, 14), 8)
     >>> print(report.table())
@@ -374,6 +390,9 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
     if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a finite number > 0 or None; got lr={lr!r}")
     check_choice(optimizer, "optimizer", _OPTIMIZERS)
+    for name, flag in (("activations", activations), ("forward", forward)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False; got {name}={flag!r}")
     if not (isinstance(tail, (int, float)) and 0 <= tail < 1):
         raise ValueError(f"tail must be a share in [0, 1); got tail={tail!r}")
     recipes = as_recipes(recipe)
@@ -392,19 +411,29 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
     run_params = dict(run.named_parameters())
     saved = {n: p.grad for n, p in params}
     act_stats: list[TensorGradients] = []
+    outputs: list[tuple[str, torch.Tensor]] = []  # (name, value) of each leaf output
+    calls: dict[str, int] = {}
     hooks = []
-    if activations:
-        def make_hook(mod_name):
-            def fwd(_mod, _inp, out):
-                if isinstance(out, torch.Tensor) and out.requires_grad and out.is_floating_point():
-                    out.register_hook(lambda g: act_stats.append(_stats(
-                        mod_name, "activation", g, _count_all([g], s, fmts)[0],
-                        recipes=recipes)) or None)
-            return fwd
 
-        for mod_name, mod in run.named_modules():
-            if mod_name and not any(True for _ in mod.children()):
-                hooks.append(mod.register_forward_hook(make_hook(mod_name)))
+    def make_hook(mod_name):
+        def fwd(_mod, _inp, out):
+            if activations and mod_name != "(model)" and isinstance(out, torch.Tensor) \
+                    and out.requires_grad and out.is_floating_point():
+                out.register_hook(lambda g: act_stats.append(_stats(
+                    mod_name, "activation", g, _count_all([g], s, fmts)[0],
+                    recipes=recipes)) or None)
+            if forward:
+                calls[mod_name] = k = calls.get(mod_name, -1) + 1  # a module called again
+                name = mod_name + (f"#{k}" if k else "")
+                ts = [t for t in tensors(out) if t.is_floating_point()]
+                outputs.extend((name + (f"[{k}]" if len(ts) > 1 else ""), t.detach())
+                               for k, t in enumerate(ts))
+        return fwd
+
+    if activations or forward:
+        for mod_name, mod in run.named_modules():  # the model itself when it has no children
+            if not any(True for _ in mod.children()):
+                hooks.append(mod.register_forward_hook(make_hook(mod_name or "(model)")))
     try:
         for _, p in params:
             p.grad = None
@@ -426,6 +455,9 @@ def gradients(model, loss_fn: Callable, batch, formats: Sequence[str] = ("float1
     del grads
     act_stats.reverse()  # hooks fire from the output back: put them in forward order
     ranges = {f.name: loss_scale_range(stats, f, tail, act_stats) for f in fmts}
+    values = _count_all([t for _, t in outputs], 1.0, fmts) if outputs else []
+    fwd = tuple(_stats(n, "forward", t, c) for (n, t), c in zip(outputs, values, strict=True))
+    outputs.clear()
     return GradientReport(tuple(stats + act_stats), tuple(f.name for f in fmts), s, float(loss.detach()),
                           float(tail), None if lr is None else float(lr), optimizer, ranges,
-                          recipes=recipes, copied_from=", ".join(low))
+                          recipes=recipes, copied_from=", ".join(low), forward=fwd)

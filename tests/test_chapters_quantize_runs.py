@@ -401,3 +401,33 @@ print(h.hexdigest())
 
 def test_chapter_measurements_have_the_same_bits_under_every_kernel_dispatch(same_bits):
     same_bits(_PORTABLE)
+
+
+def test_stored_forward_input_runs_are_this_code_s_runs():
+    from pathlib import Path
+
+    stored = Path(__file__).resolve().parents[1] / "data" / "ch9_forward_input.json"
+    meta, runs = quantize_runs.load_quantized_runs(stored)
+    assert (meta["steps"], meta["seed"]) == (120, 0)
+    again = quantize_runs.forward_input_runs(meta["steps"], seed=meta["seed"])
+    assert list(runs) == list(again) == list(quantize_runs.FORWARD_INPUT_RUNS)
+    for name, run in again.items():
+        assert np.array_equal(run.losses, runs[name].losses), name
+        assert torch.equal(run.weight, runs[name].weight), name
+
+
+def test_forward_input_quantizer_names():
+    assert quantize_runs.forward_input_quantizer("float32") is None
+    assert quantize_runs.forward_input_quantizer("fp4_tensor").grain == "tensor"
+    with pytest.raises(ValueError, match="name"):
+        quantize_runs.forward_input_quantizer("fp3")
+
+
+def test_saved_runs_load_back_exactly(tmp_path):
+    run = quantize_runs.QuantizedRun(np.array([1.0, 2.0**-60, np.nan]),
+                                     torch.tensor([[1.5, -2.0**-130]], dtype=torch.float32))
+    quantize_runs.save_quantized_runs(tmp_path / "r.json", {"a": run}, {"steps": 3})
+    meta, back = quantize_runs.load_quantized_runs(tmp_path / "r.json")
+    assert meta["steps"] == 3 and list(back) == ["a"]
+    assert np.array_equal(back["a"].losses, run.losses, equal_nan=True)
+    assert torch.equal(back["a"].weight, run.weight)

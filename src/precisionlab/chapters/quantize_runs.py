@@ -12,7 +12,9 @@ Chapter 9 puts the `quantize` recipes to work on tensors of the book:
   channels (`share_beside_outliers` counts the ordinary values that share a block with an
   outlier); `block_sqnr` per group of channels, for the chapter's explorer;
 * `outlier_regression` and `train_quantized`: a linear regression on such activations,
-  trained with Adam through `emulate.QuantizedLinear`;
+  trained with Adam through `emulate.QuantizedLinear`; `forward_input_runs`, the chapter's
+  six runs, which scripts/ch9_forward_input.py stores (`save_quantized_runs`) and the
+  chapter reads back (`load_quantized_runs`);
 * `spike_stream` and `scaling_trace`: tensors whose size drifts down, with one spike, through
   delayed and current scaling, step by step.
 
@@ -24,25 +26,28 @@ Chapter code (`precisionlab.chapters`): imports `quantize`, `emulate` and `under
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from .. import emulate
-from ..checks import check_count, check_positive
+from ..checks import check_choice, check_count, check_positive
 from ..emulate.sqnr import energy, sqnr_db
 from ..formats import get_format
-from ..quantize import DelayedScaling, Quantized
+from ..quantize import RECIPES, DelayedScaling, Quantized, Recipe
 from ..quantize.choices import ELEMENT_FORMATS, check_format
 from ..quantize.grid import block_shape
 from ..underflow import AttenuatingNet, make_batch
 
 __all__ = [
+    "FORWARD_INPUT_RUNS",
     "OUTLIER_CHANNELS",
     "LayerQuantization",
     "OutlierReport",
@@ -50,12 +55,16 @@ __all__ = [
     "ScalingTrace",
     "SharedScale",
     "block_sqnr",
+    "forward_input_quantizer",
+    "forward_input_runs",
     "least_squares_floor",
+    "load_quantized_runs",
     "network_signals",
     "outlier_activations",
     "outlier_regression",
     "outlier_report",
     "quantize_layers",
+    "save_quantized_runs",
     "scaling_trace",
     "share_beside_outliers",
     "spike_stream",
@@ -245,6 +254,50 @@ def train_quantized(x: torch.Tensor, y: torch.Tensor, x_quantizer: Quantizer | N
         opt.step()
         losses.append(float(loss.detach()) / y0)
     return QuantizedRun(np.array(losses), lin.weight.detach().clone())
+
+
+FORWARD_INPUT_RUNS: tuple[str, ...] = ("float32", "fp8_tensor", "mxfp8", "fp4_tensor", "mxfp4",
+                                       "nvfp4")
+
+
+def forward_input_quantizer(name: str) -> Quantizer | None:
+    """The forward input's quantizer in run `name` of FORWARD_INPUT_RUNS: None for float32, a Recipe otherwise."""
+    check_choice(name, "name", FORWARD_INPUT_RUNS)
+    if name == "float32":
+        return None
+    if name == "fp4_tensor":  # E2M1 with one float32 scale per tensor (no registered recipe)
+        return Recipe("fp4_tensor", "float4_e2m1fn", "tensor")
+    return RECIPES[name]
+
+
+def forward_input_runs(steps: int = 120, *, seed: int = 0) -> dict[str, QuantizedRun]:
+    """Chapter 9's runs: `train_quantized` on outlier_regression(512, 128, 16, 100, (17, 90)), each run's x quantizer, dy per-tensor E5M2 (none in float32)."""
+    x, y = outlier_regression(512, 128, 16, 100.0, (17, 90), seed=seed)
+    grad = RECIPES["fp8_tensor_e5m2"]
+    return {n: train_quantized(x, y, forward_input_quantizer(n),
+                               None if n == "float32" else grad, steps=steps)
+            for n in FORWARD_INPUT_RUNS}
+
+
+def save_quantized_runs(path, runs: Mapping[str, QuantizedRun], meta: Mapping) -> None:
+    """Write runs to `path` (.json: meta and the run names) and beside it an .npz of each run's losses and final weight, exact."""
+    path = Path(path)
+    np.savez_compressed(path.with_suffix(".npz"), **{
+        f"{k}{i}": v for i, r in enumerate(runs.values())
+        for k, v in (("losses", r.losses), ("weight", r.weight.numpy()))})
+    doc = {**meta, "runs": list(runs), "arrays": path.with_suffix(".npz").name}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def load_quantized_runs(path) -> tuple[dict, dict[str, QuantizedRun]]:
+    """(meta, name -> QuantizedRun) from the .json (and its .npz) save_quantized_runs wrote."""
+    path = Path(path)
+    doc = json.loads(path.read_text())
+    with np.load(path.parent / doc["arrays"]) as z:
+        runs = {n: QuantizedRun(np.array(z[f"losses{i}"], dtype=np.float64),
+                                torch.from_numpy(np.array(z[f"weight{i}"], dtype=np.float32)))
+                for i, n in enumerate(doc["runs"])}
+    return doc, runs
 
 
 def least_squares_floor(xhat, y) -> float:

@@ -7,9 +7,13 @@ exact; a value below the format's smallest subnormal goes to 0 or to it, and ove
 special values follow the format's rules (`_finish`). Stochastic mode draws element i's 63
 random bits from SplitMix64(seed + i). The tiers: `python_words` runs the recipe on Python ints
 (a handful of values), `numpy_words` as whole-array NumPy operations, and `numba_kernel` builds
-it as a fused numba loop, serial or parallel, from the same source (`_twin`). `word_params`
-gives the recipe's scalar arguments for a format in a container (`F32`, `F64`); the mode codes
-are the modes' positions in `rounding.MODES`. Which tier runs depends on the input's length
+it as a fused numba loop, serial or parallel, from the same source (`_twin`), one build per mode
+so that LLVM compiles only that mode's arithmetic. Float32 words rounded to nearest even into a
+format whose emin is above float32's take a shorter route to the same bits
+(`_nearest_word_f32`: float32 addition rounds onto the subnormal grid), checked against the
+recipe on all 2^32 float32 patterns (``python tests/test_rounding_native.py --exhaustive``).
+`word_params` gives the recipe's scalar arguments for a format in a container (`F32`,
+`F64`); the mode codes are the modes' positions in `rounding.MODES`. Which tier runs depends on the input's length
 alone (`emulate_into`, `emulate_mx_into`: what `rounding.round_to` calls).
 """
 

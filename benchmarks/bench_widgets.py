@@ -6,9 +6,9 @@ is left out; chapter 6's trains its short runs once, untimed, as the chapter's o
 stored). A row times static_html() of a freshly built explorer, in-process, the median of
 `repeats`, after one untimed warm-up explorer (fonts, compiled kernels, trained runs cached);
 the `first` column is that warm-up's own time. With --baseline REV the same rows are measured
-on the package as of git revision REV (exported to a temporary folder, run in a subprocess
-under the same conditions) and shown beside these, with the speed-up and whether the two
-emit the same static HTML, byte for byte. Goal: every explorer's static view well under a
+on the package as of git revision REV (exported to a temporary folder) and shown beside these
+(each explorer in fresh interpreters for both packages, one right after the other), with the
+speed-up and whether the two emit the same static HTML, byte for byte. Goal: every explorer's static view well under a
 second per 100 frames, so that no chapter spends most of its time drawing its explorer.
 """
 
@@ -69,17 +69,31 @@ def measure(names: list[str], repeats: int) -> dict:
     return out
 
 
-def baseline(rev: str, names: list[str], repeats: int) -> dict:
-    """measure() on the package as of git revision rev, in a subprocess."""
+def _child(src: str | None, name: str, repeats: int) -> dict:
+    """measure([name]) in a fresh interpreter, with the package from src (None: as installed)."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = src
+    res = subprocess.run([sys.executable, __file__, "--json", "--only", name,
+                          "--repeats", str(repeats)], env=env, check=True,
+                         stdout=subprocess.PIPE, text=True)
+    return json.loads(res.stdout)[name]
+
+
+def compare(rev: str, names: list[str], repeats: int) -> tuple[dict, dict]:
+    """(before, now): each explorer measured in fresh interpreters, revision rev's package and
+    this one's, one after the other (alternating which goes first), so that both see the same
+    load on a shared machine."""
+    before, now = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "src"],
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-        env = {**os.environ, "PYTHONPATH": str(Path(tmp) / "src")}
-        res = subprocess.run([sys.executable, __file__, "--json", "--only", ",".join(names),
-                              "--repeats", str(repeats)], env=env, check=True,
-                             stdout=subprocess.PIPE, text=True)
-    return json.loads(res.stdout)
+        for k, name in enumerate(names):
+            sides = [(before, str(Path(tmp) / "src")), (now, os.environ.get("PYTHONPATH"))]
+            for table, src in sides[::-1] if k % 2 else sides:
+                table[name] = _child(src, name, repeats)
+    return before, now
 
 
 def main() -> None:
@@ -98,8 +112,10 @@ def main() -> None:
         return
     import precisionlab
 
-    before = baseline(args.baseline, names, args.repeats) if args.baseline else None
-    now = measure(names, args.repeats)
+    if args.baseline:
+        before, now = compare(args.baseline, names, args.repeats)
+    else:
+        before, now = None, measure(names, args.repeats)
     print(f"static views, seconds in-process (median of {args.repeats}, after a warm-up build); "
           f"precisionlab at {Path(precisionlab.__file__).parent.parent}")
     head = f"{'explorer':<11}{'ch':>3}{'frames':>7}{'first':>8}{'s':>7}{'ms/frame':>9}"

@@ -306,11 +306,10 @@ def _scale(ax: Axes, which: str) -> dict:
     raise UnsupportedFigure(f"{which} scale {name!r} of {ax.get_title()!r} is not supported")
 
 
-def _ticks(ax: Axes, which: str, digits: int) -> list:
-    """The major ticks inside the limits: [[position, label], ...]."""
+def _ticks(ax: Axes, which: str, digits: int, locs: np.ndarray) -> list:
+    """The major ticks inside the limits: [[position, label], ...]; locs: the axis' major tick locations."""
     axis = ax.xaxis if which == "x" else ax.yaxis
     lo, hi = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
-    locs = np.asarray(axis.get_majorticklocs(), dtype=np.float64)
     span = (hi - lo) * 1e-9
     locs = locs[(locs >= lo - span) & (locs <= hi + span)]
     labels = axis.get_major_formatter().format_ticks(locs) if locs.size else []
@@ -319,16 +318,16 @@ def _ticks(ax: Axes, which: str, digits: int) -> list:
     return [[v, plain_text(s)] for v, s in zip(rounded(locs, digits), labels, strict=True)]
 
 
-def _tick_rotation(axis) -> float:
+def _tick_rotation(axis, n: int) -> float:
     """The rotation in degrees of an axis' tick labels (set_xticklabels(..., rotation=30)).
 
     What ``axis.get_majorticklabels()[0].get_rotation()`` returns (0 without a visible label),
     read without making the ticks that call would add: one per tick location beyond those that
     exist, each a copy of the first (matplotlib >= 3.9 copies its labels' rotation and
     visibility), so the first visible label among the existing ticks is the first of them all.
+    n: the number of major tick locations (get_majorticklocs).
     Making those ticks took most of a frame's spec time.
     """
-    n = len(axis.get_majorticklocs())
     ticks = axis.get_major_ticks(min(n, len(axis.majorTicks)))  # creates none
     for which in ("label1", "label2"):  # get_majorticklabels lists every label1, then label2
         for tick in ticks:
@@ -388,13 +387,15 @@ def _axes(ax: Axes, fig_px: tuple[float, float]) -> dict:
     grid = [bool(getattr(a, "_major_tick_kw", {}).get("gridOn", False))  # matplotlib's grid flag
             for a in (ax.xaxis, ax.yaxis)]
     legend = ax.get_legend()
+    xlocs, ylocs = (np.asarray(a.get_majorticklocs(), dtype=np.float64)  # the locator, once
+                    for a in (ax.xaxis, ax.yaxis))
     return {"box": rounded([pos.x0, pos.y0, pos.width, pos.height]), "cell": cell,
             "title": plain_text(ax.get_title()), "xlabel": plain_text(ax.get_xlabel()),
             "ylabel": plain_text(ax.get_ylabel()), "xscale": _scale(ax, "x"),
             "yscale": _scale(ax, "y"), "digits": list(digits),
             "xlim": rounded(ax.get_xlim(), digits[0]), "ylim": rounded(ax.get_ylim(), digits[1]),
-            "xticks": _ticks(ax, "x", digits[0]), "yticks": _ticks(ax, "y", digits[1]), "grid": grid,
-            "xtickrot": _tick_rotation(ax.xaxis), "titlefs": round(ax.title.get_fontsize() * PT, 1),
+            "xticks": _ticks(ax, "x", digits[0], xlocs), "yticks": _ticks(ax, "y", digits[1], ylocs),
+            "grid": grid, "xtickrot": _tick_rotation(ax.xaxis, xlocs.size), "titlefs": round(ax.title.get_fontsize() * PT, 1),
             "spines": "".join(k[0] for k in ("left", "bottom", "top", "right")
                               if ax.spines[k].get_visible()),
             "items": merged, "legend": None if legend is None else _legend(ax, legend)}

@@ -572,3 +572,25 @@ def test_convert_of_a_long_input_is_the_ml_dtypes_cast_of_every_value(fmt):
     assert got.shape == x.shape
     np.testing.assert_array_equal(got, want.astype(got.dtype))
     assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("mode", ["nearest_even", "nearest_away", "toward_zero", "up", "down"])
+def test_round_float64_of_a_long_input_is_round_to_of_every_value(mode):
+    # round_float64 rounds long inputs in several short calls: each value (one in 7 checked,
+    # on both sides of the call boundaries at multiples of 4095) is what round_to gives for
+    # that value alone, and the whole is round_to's of the whole array.
+    from precisionlab.gpu.arith import round_float64
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 5000)) * 2.0 ** rng.integers(-30, 20, (3, 5000))
+    x.flat[::89] = [np.inf, -np.inf, np.nan, 7e4, -0.0, 2.0**-26] * (len(x.flat[::89]) // 6) + [
+        0.0] * (len(x.flat[::89]) % 6)
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = round_float64(x, "float16", mode)
+        whole = np.asarray(round_to(x, "float16", mode), dtype=np.float64)
+        picks = sorted({*range(0, x.size, 7), 4094, 4095, 4096, 8189, 8190, 8191})
+        one = [float(round_to(float(x.flat[i]), "float16", mode)) for i in picks]
+    assert got.shape == x.shape
+    np.testing.assert_array_equal(got, whole)
+    np.testing.assert_array_equal(got.flat[picks], one)
+    assert np.array_equal(np.signbit(got), np.signbit(whole))

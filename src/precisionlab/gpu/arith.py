@@ -33,10 +33,20 @@ PROGRESS_WORK = 200_000_000
 
 # Loading an input into the format is one rounding of each value: on rounding's NumPy tier
 # (about 15 ns a value) that is cheaper than compiling its numba loop from a cold cache (a
-# second or more) up to this many values, so `convert` keeps its calls below NUMBA_MIN_SIZE
-# values each there. The same bits either way; stochastic rounding is left in one call, since
-# its random stream is drawn per call.
+# second or more) up to this many values, so `convert` and `round_float64` keep their calls
+# below NUMBA_MIN_SIZE values each there. The same bits either way; stochastic rounding is
+# left in one call, since its random stream is drawn per call.
 CONVERT_NUMPY_MAX = 1 << 23
+
+
+def _round_once(a: np.ndarray, fmt: FloatFormat, mode: str, generator=None) -> np.ndarray:
+    """round_to(a, fmt, mode) of a C-contiguous float64 array, once: in short calls (NumPy tier)
+    up to CONVERT_NUMPY_MAX values in a deterministic mode, else in one call."""
+    if mode == "stochastic" or a.size > CONVERT_NUMPY_MAX:
+        return np.asarray(round_to(a, fmt, mode, generator=generator))
+    flat, n = a.reshape(-1), NUMBA_MIN_SIZE - 1
+    return np.concatenate([np.asarray(round_to(flat[i:i + n], fmt, mode))
+                           for i in range(0, flat.size, n)] or [flat]).reshape(a.shape)
 
 
 def progress(steps: range, work: int, desc: str):
@@ -62,7 +72,8 @@ def round_float64(x, fmt: str | FloatFormat, mode: str = "nearest_even") -> np.n
     if f.name == "float64":
         return x
     with np.errstate(over="ignore", invalid="ignore"):
-        return np.asarray(round_to(np.ascontiguousarray(x), f, mode), dtype=np.float64).reshape(x.shape)
+        return np.asarray(_round_once(np.ascontiguousarray(x), f, mode),
+                          dtype=np.float64).reshape(x.shape)
 
 
 class RoundedAdder:
@@ -109,14 +120,8 @@ class RoundedAdder:
     def convert(self, x) -> np.ndarray:
         """fl(x) for every entry of x (any real inputs), as a C-contiguous container array."""
         a = np.ascontiguousarray(x, dtype=np.float64)
-        if self.fmt.name == "float64":
-            r = a
-        elif self.mode != "stochastic" and a.size <= CONVERT_NUMPY_MAX:  # NumPy tier
-            flat, n = a.reshape(-1), NUMBA_MIN_SIZE - 1
-            r = np.concatenate([np.asarray(self._round(flat[i:i + n]))
-                                for i in range(0, flat.size, n)] or [flat]).reshape(a.shape)
-        else:
-            r = np.asarray(self._round(a))
+        r = a if self.fmt.name == "float64" else _round_once(a, self.fmt, self.mode,
+                                                              self.generator)
         return np.ascontiguousarray(r, dtype=self.dtype)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:

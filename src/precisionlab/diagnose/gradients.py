@@ -31,6 +31,7 @@ import torch
 
 from ..checks import check_choice
 from ..formats import FloatFormat, get_format
+from ..rounding_kernel import NUMBA_MIN_SIZE
 from ..updates import swallowed as update_swallowed
 from .batch import as_inputs, call, for_program, tensors
 from .gradient_report import (
@@ -215,9 +216,17 @@ def count_compiled(gs: Sequence[torch.Tensor], scale: float, formats: Sequence[F
     return out
 
 
+# Fewer float32 entries than this in one call are cheaper to count in torch (`count_torch`)
+# than to compile the numba pass from a cold cache (a second or more); the same counts.
+COMPILED_MIN = 1 << 22
+
+
 def _count_all(gs: Sequence[torch.Tensor], scale: float, formats: Sequence[FloatFormat]):
-    """The counts of each tensor: compiled for float32 tensors on the CPU, else `count_torch`."""
+    """The counts of each tensor: compiled for float32 tensors on the CPU when they hold
+    COMPILED_MIN entries or more together, else `count_torch`."""
     fast = [i for i, g in enumerate(gs) if g.dtype == torch.float32 and g.device.type == "cpu"]
+    if sum(gs[i].numel() for i in fast) < COMPILED_MIN:
+        fast = []
     out = [None] * len(gs)
     for i, c in zip(fast, count_compiled([gs[i] for i in fast], scale, formats) if fast else [],
                     strict=True):
@@ -226,6 +235,15 @@ def _count_all(gs: Sequence[torch.Tensor], scale: float, formats: Sequence[Float
         if out[i] is None:
             out[i] = count_torch(g, scale, formats)
     return out
+
+
+def _swallowed(w: np.ndarray, step: np.ndarray) -> int:
+    """Weights whose bfloat16 copy w + step rounds back to w (`updates.swallowed`); below
+    COMPILED_MIN weights in calls of fewer than NUMBA_MIN_SIZE values, which rounding's NumPy
+    tier takes (no numba compile from a cold cache), the same bits either way."""
+    k = w.size if w.size >= COMPILED_MIN else NUMBA_MIN_SIZE - 1
+    return sum(int(np.count_nonzero(update_swallowed(w[i:i + k], step[i:i + k], "bfloat16")))
+               for i in range(0, w.size, k))
 
 
 def _stats(name, kind, g, counts, w=None, lr=None, optimizer="sgd",
@@ -242,8 +260,7 @@ def _stats(name, kind, g, counts, w=None, lr=None, optimizer="sgd",
         wb = w.detach().to(torch.bfloat16).to(torch.float64).reshape(-1).cpu()[keep]
         updated = int(keep.sum())
         if updated:
-            swallowed = int(np.count_nonzero(update_swallowed(wb.numpy(), step[keep].numpy(),
-                                                              "bfloat16")))
+            swallowed = _swallowed(wb.numpy(), step[keep].numpy())
     return TensorGradients(name, kind, tuple(g.shape), g.numel(), nonzero, nonfinite, mx, mn,
                            fl, sub, ov, hist, swallowed, updated,
                            recipe_shares(g, recipes) if recipes else {}, top)

@@ -141,15 +141,17 @@ class Watch:
 
     # ---- the step's state
     def _reset(self) -> None:
-        n = len(self._slots)
-        self._counts = np.zeros((n, 3 + 3 * len(self.formats)), dtype=np.int64)
-        self._amaxes = np.full(n, -1.0)
+        self._recording = self._step % self.every == 0
+        self._counts = self._amaxes = None  # filled on recorded steps only
+        if self._recording:
+            n = len(self._slots)
+            self._counts = np.zeros((n, 3 + 3 * len(self.formats)), dtype=np.int64)
+            self._amaxes = np.full(n, -1.0)
         self._tags: dict[int, _Tag] = {}
         self._fwd_event = self._bwd_event = None
         self._pending: str | None = None  # a module whose non-finite input no module made
         self._step_events: list[NonFinite] = []
         self._update = None
-        self._recording = self._step % self.every == 0
         self._full = self._recording or self.check == "modules" or self._sharded
         self._guard.enabled = not self._full
         if self._active:
@@ -642,7 +644,7 @@ def watch(model, every: int = 50,
         offending module's inputs and state to log_dir/nonfinite-step{S}-rank{R}-{path}.pt.
     check : {"outputs", "modules"}, default "outputs"
         What a step without statistics checks. "outputs": the model's outputs, the gradient
-        the loss sends into them and every parameter's gradient (one aminmax each); when one
+        the loss sends into them and every parameter's gradient (one sum each); when one
         is not finite the step is replayed from a snapshot with every module checked, so the
         first operation is named at its step; an inf absorbed inside the model (clamped,
         masked out) is seen on recorded steps only. "modules": every module's output and

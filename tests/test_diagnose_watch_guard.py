@@ -155,3 +155,19 @@ def test_a_replay_that_cannot_be_trusted_names_what_the_step_shows():
 def test_check_is_validated():
     with pytest.raises(ValueError, match=r"check.*'every'.*valid choices: outputs, modules"):
         diagnose.watch(nn.Linear(1, 1), check="every")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_all_finite_against_isfinite_on_hard_values(dtype):
+    from precisionlab.diagnose.watch_guard import all_finite
+    top = torch.finfo(dtype).max
+    cases = [[top, top], [-top, top], [top] * 1000, [math.inf], [-math.inf, math.inf],
+             [math.nan], [1.0, math.nan, top], [torch.finfo(dtype).tiny / 4, 0.0], []]
+    gen = torch.Generator().manual_seed(0)
+    for vals in cases:
+        for other in ([], [torch.randn(70, generator=gen).to(dtype)]):
+            ts = [torch.tensor(vals, dtype=dtype), *other]
+            assert all_finite(ts) == all(bool(torch.isfinite(t).all()) for t in ts), vals
+    mixed = [torch.full((3,), 60000.0, dtype=torch.float16), torch.tensor([3e38, 3e38]),
+             torch.tensor([1e308, 1e308], dtype=torch.float64)]  # every sum overflows
+    assert all_finite(mixed) and not all_finite([*mixed, torch.tensor([math.nan])])

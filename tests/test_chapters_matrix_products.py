@@ -57,3 +57,39 @@ def test_wgrad_bf16_changes_only_the_weight_gradient():
         full = base[recipe] if recipe in base else runs[recipe]
         kept = runs[recipe + ", wgrad bf16"]
         assert full[0] == kept[0] and full[1] != kept[1]
+
+
+def test_exact_fp8_matmul_checks_its_bound_at_the_edge():
+    # 448^2 = 200704 per product: K = 171196 keeps the sum below 2^35, 171197 reaches it.
+    for k, fits in ((171196, True), (171197, False)):
+        a, b = np.full((1, k), 448.0), np.full((k, 1), 448.0)
+        assert (200704 * k < 2**35) == fits
+        if fits:
+            assert mp.exact_fp8_matmul(a, b)[0, 0] == 200704 * k
+        else:
+            with pytest.raises(ValueError, match="2\\^35"):
+                mp.exact_fp8_matmul(a, b)
+
+
+def test_exact_fp8_matmul_on_wide_multiples_of_the_grain():
+    from fractions import Fraction
+
+    gen = np.random.default_rng(0)  # 21-bit multiples of 2^-9: far more bits than E4M3
+    a = gen.integers(-2**20, 2**20, (3, 257)) * 2.0**-9
+    b = gen.integers(-2**20, 2**20, (257, 2)) * 2.0**-9
+    c = mp.exact_fp8_matmul(a, b)
+    for i in range(3):
+        for j in range(2):
+            assert c[i, j] == sum(Fraction(x) * Fraction(y)
+                                  for x, y in zip(a[i], b[:, j], strict=True))
+
+
+@pytest.mark.parametrize("a, b, match", [
+    (np.ones((2, 3)), np.ones((4, 2)), "shapes"),
+    (np.ones(3), np.ones(3), "shapes"),
+    (np.array([[np.nan]]), np.ones((1, 1)), "E4M3"),
+    (np.ones((1, 1)), np.array([[np.inf]]), "E4M3"),
+])
+def test_exact_fp8_matmul_refuses_bad_operands(a, b, match):
+    with pytest.raises(ValueError, match=match):
+        mp.exact_fp8_matmul(a, b)

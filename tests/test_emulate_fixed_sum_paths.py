@@ -47,3 +47,13 @@ def test_hard_regions(dtype):
     assert float(emulate.fixed_sum(x[:2], 0)) == float("inf")  # overflow, no warning raised
     assert torch.isnan(emulate.fixed_sum(torch.tensor([float("inf"), -float("inf")],
                                                       dtype=dtype), 0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_bad_dim_is_refused_alike_on_every_path(dtype):
+    x = torch.zeros(2, 3, dtype=dtype)
+    for dim in (2, -3):
+        with pytest.raises(IndexError, match=rf"dim must lie in \[-2, 1\].*got dim={dim}"):
+            emulate.fixed_sum(x, dim)
+    with pytest.raises(IndexError, match="0-d"):
+        emulate.fixed_sum(torch.tensor(1.0, dtype=dtype))

@@ -80,3 +80,21 @@ def test_training_steps_do_not_import_dynamo():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_named_parameters_are_accepted_as_torch_accepts_them():
+    model = torch.nn.Linear(3, 2)
+    ours, theirs = emulate.Adam(model.named_parameters()), torch.optim.Adam(
+        model.named_parameters())
+    assert ours.param_groups[0]["param_names"] == theirs.param_groups[0]["param_names"] == [
+        "weight", "bias"]
+    assert [p is q for p, q in zip(ours.param_groups[0]["params"],
+                                   theirs.param_groups[0]["params"], strict=True)] == [True] * 2
+    sd_ours, sd_theirs = ours.state_dict(), theirs.state_dict()
+    assert sd_ours["param_groups"][0]["param_names"] == sd_theirs["param_groups"][0]["param_names"]
+    model(torch.ones(1, 3)).sum().backward()
+    ours.step()  # a step runs on the named group
+    with pytest.raises(ValueError, match="all tensors or all"):
+        emulate.SGD([("w", model.weight), model.bias], lr=0.1)
+    with pytest.raises(ValueError, match="named"):
+        emulate.SGD([{"params": [("w", model.weight)]}, {"params": [model.bias]}], lr=0.1)

@@ -62,12 +62,19 @@ def exact_fp8_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     Every E4M3 value is a multiple of 2^-9 (its smallest subnormal), so every product and
     every partial sum is an integer multiple of 2^-18; while the sums of |a_ik b_kj| stay
     below 2^35 those integers stay below 2^53, and float64 holds every partial sum exactly,
-    whatever order (or BLAS kernel) adds them. Both conditions are checked.
+    whatever order (or BLAS kernel, with or without FMA) adds them. Both conditions are
+    checked; any multiple of 2^-9 passes, since the bound keeps each product below 2^35 as
+    well. The bound is summed in float64 too: exactly while below 2^35, and a sum of
+    non-negative terms rounded to nearest cannot fall back below 2^35 once it reaches it.
     """
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"need matrices a (m, k) and b (k, n); got shapes {a.shape} and "
+                         f"{b.shape}")
     grain = 2.0**-18  # E4M3's smallest subnormal, 2^-9, squared
-    if np.any(np.mod(a, 2.0**-9)) or np.any(np.mod(b, 2.0**-9)):
+    if not (np.isfinite(a).all() and np.isfinite(b).all()) or np.any(
+            np.mod(a, 2.0**-9)) or np.any(np.mod(b, 2.0**-9)):
         raise ValueError("a and b must hold E4M3 values (multiples of 2^-9); quantize them "
                          "first, e.g. with fp8_operands")
     # torch's float64 product (under torch's thread setting; NumPy's BLAS threads can be

@@ -310,7 +310,9 @@ def least_squares_floor(xhat, y) -> float:
     # LAPACK's SVD solver (gelsd) handles the all-zero columns of a stalled quantizer; QR-based
     # solvers with a rank cut-off (torch's default gelsy) can return W = 0 there instead. torch
     # runs it under its own thread setting: NumPy's BLAS threads made the same solve 15-50
-    # times slower on a busy two-core machine.
+    # times slower on a busy two-core machine. The solve's last bits follow LAPACK's kernels
+    # and torch's thread count (about 1e-15 relative here, 1 against 2 threads): quote the
+    # floor to a few digits, never bit for bit.
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     w = torch.linalg.lstsq(ta, tb, driver="gelsd").solution
     r = (ta @ w - tb).numpy()

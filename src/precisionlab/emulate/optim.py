@@ -37,6 +37,16 @@ class _Optimizer(torch.optim.Optimizer):
             raise TypeError("optimizer parameters need to be organized in ordered collections,"
                             " not a set")
         params = [params] if isinstance(params, torch.Tensor) else list(params)
+        named = [isinstance(p, tuple) for p in params]  # model.named_parameters(), as torch
+        if any(named):
+            if not all(named) or any(len(p) != 2 for p in params):
+                raise ValueError("a parameter group must hold all tensors or all (name, "
+                                 "tensor) pairs, as model.named_parameters() gives")
+            param_group = {**param_group, "param_names": [n for n, _ in params]}
+            params = [p for _, p in params]
+        if any(("param_names" in g) != any(named) for g in self.param_groups):
+            raise ValueError("all parameter groups must be named (name, tensor) pairs or "
+                             "none")
         for p in params:
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"an optimizer can only optimize Tensors; got "

@@ -30,6 +30,10 @@ def _numpy_tree(a: np.ndarray) -> np.ndarray:
 
 def fixed_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
     """sum over `dim` by a fixed pairwise tree, x_i + x_(i + h) with h = half the padded length."""
+    if not -x.dim() <= dim < x.dim():  # the same error on the NumPy and the torch path
+        raise IndexError(f"dim must lie in [{-x.dim()}, {x.dim() - 1}] for x of shape "
+                         f"{tuple(x.shape)}; got dim={dim}" if x.dim() else
+                         f"x must have a dimension to sum over; got a 0-d tensor (dim={dim})")
     if x.dtype in _NUMPY_DTYPES and x.device.type == "cpu" and not x.requires_grad:
         tree = _numpy_tree(np.moveaxis(x.numpy(), dim, -1))
         if not np.isnan(tree).any():  # a NaN's sign and payload: torch's, from the loop below

@@ -34,6 +34,7 @@ from precisionlab.rounding import (
     seed_generator,
     ulp,
 )
+from precisionlab.rounding_kernel import PARALLEL_MIN_SIZE
 
 # The inputs deliberately include overflow and NaN, which NumPy's casts warn about.
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
@@ -530,8 +531,9 @@ def test_rounding_leaves_torch_thread_setting_alone():
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            round_to(np.ones(1 << 17, np.float32), "bfloat16", "up")
-            round_to(np.ones(1 << 17, np.float32), "float16", "stochastic", generator=np.random.default_rng(0))
+            n = PARALLEL_MIN_SIZE  # long enough for the parallel build
+            round_to(np.ones(n, np.float32), "bfloat16", "up")
+            round_to(np.ones(n, np.float32), "float16", "stochastic", generator=np.random.default_rng(0))
             assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(before)

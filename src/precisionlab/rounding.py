@@ -14,7 +14,7 @@ Two back ends give bit-identical answers:
   e4m3fn, saturating IEEE formats). The recipe runs in three tiers that differ only in
   speed, chosen by the input's length alone: Python ints for a handful of values,
   whole-array NumPy operations below 4096 values, and a fused numba loop from 4096 values on
-  (parallel on arrays of 2^16 or more when torch may use several threads). So importing this
+  (parallel on arrays of 2^20 or more when torch may use several threads). So importing this
   module and rounding short arrays never waits for a compiler (0.3-1 s cold, less from
   numba's on-disk cache), and the tier a call takes never depends on earlier calls. Every element is rounded on its
   own and stochastic mode draws element i from SplitMix64(seed + i), so results do not

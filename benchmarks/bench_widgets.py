@@ -5,7 +5,8 @@ Each explorer is built with its chapter's defaults (chapter 8's needs the chapte
 is left out; chapter 6's trains its short runs once, untimed, as the chapter's own runs are
 stored). A row times static_html() of a freshly built explorer, in-process, the median of
 `repeats`, after one untimed warm-up explorer (fonts, compiled kernels, trained runs cached);
-the `first` column is that warm-up's own time. With --baseline REV the same rows are measured
+the `first` column is that warm-up's own wall time; `cpu s` is the process' CPU time (what
+the speed-up compares: on a shared machine it moves far less with the load than wall time). With --baseline REV the same rows are measured
 on the package as of git revision REV (exported to a temporary folder) and shown beside these
 (each explorer in fresh interpreters for both packages, one right after the other), with the
 speed-up and whether the two emit the same static HTML, byte for byte. Goal: every explorer's static view well under a
@@ -43,10 +44,13 @@ EXPLORERS = {  # name -> (chapter, call building it with the chapter's arguments
 
 def measure(names: list[str], repeats: int) -> dict:
     """{name: {'first', 'seconds', 'frames', 'sha'}} for the package on sys.path."""
+    import torch
+
     import precisionlab
     from precisionlab import widgets
     from precisionlab.widgets.collectives import collective_explorer
 
+    torch.set_num_threads(1)  # idle intra-op threads spinning would count as CPU time
     precisionlab.plotting.use_house_style()  # as every chapter does
     scope = {**{n: getattr(widgets, n) for n in widgets.__all__},
              "collective_explorer": collective_explorer}
@@ -56,14 +60,16 @@ def measure(names: list[str], repeats: int) -> dict:
         t0 = time.perf_counter()
         html = eval(call, scope).static_html()  # warm-up: caches, fonts, trained runs
         first = time.perf_counter() - t0
-        times = []
+        times, cpu = [], []
         for _ in range(repeats):
             explorer = eval(call, scope)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             again = explorer.static_html()
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             assert again == html, f"{name}: two builds differ"
         out[name] = {"first": first, "seconds": statistics.median(times),
+                     "cpu": statistics.median(cpu),
                      "frames": explorer.size, "sha": hashlib.sha1(html.encode()).hexdigest()}
         print(f"  measured {name}: {out[name]['seconds']:.2f} s", file=sys.stderr, flush=True)
     return out
@@ -116,27 +122,28 @@ def main() -> None:
         before, now = compare(args.baseline, names, args.repeats)
     else:
         before, now = None, measure(names, args.repeats)
-    print(f"static views, seconds in-process (median of {args.repeats}, after a warm-up build); "
+    print(f"static views, in-process wall and CPU seconds (median of {args.repeats}, after a "
+          "warm-up build; CPU time, unlike wall time, barely moves with other load); "
           f"precisionlab at {Path(precisionlab.__file__).parent.parent}")
-    head = f"{'explorer':<11}{'ch':>3}{'frames':>7}{'first':>8}{'s':>7}{'ms/frame':>9}"
+    head = f"{'explorer':<11}{'ch':>3}{'frames':>7}{'first':>8}{'s':>7}{'cpu s':>7}{'ms/frame':>9}"
     if before:
-        head += f"{f'{args.baseline} s':>14}{'speed-up':>9}  same HTML"
+        head += f"{f'{args.baseline} cpu s':>18}{'speed-up':>9}  same HTML"
     print(head)
     print("-" * len(head))
     for name in names:
         r = now[name]
         row = (f"{name:<11}{EXPLORERS[name][0]:>3}{r['frames']:>7}{r['first']:>8.2f}"
-               f"{r['seconds']:>7.2f}{1e3 * r['seconds'] / r['frames']:>9.1f}")
+               f"{r['seconds']:>7.2f}{r['cpu']:>7.2f}{1e3 * r['cpu'] / r['frames']:>9.1f}")
         if before:
             b = before[name]
-            row += (f"{b['seconds']:>14.2f}{b['seconds'] / r['seconds']:>8.1f}x  "
+            row += (f"{b['cpu']:>18.2f}{b['cpu'] / r['cpu']:>8.1f}x  "
                     + ("yes" if b["sha"] == r["sha"] else "NO"))
         print(row)
-    total = sum(r["seconds"] for r in now.values())
-    tail = f"{'all':<21}{'':>8}{total:>7.2f}"
+    total = sum(r["cpu"] for r in now.values())
+    tail = f"{'all (cpu s)':<21}{'':>15}{total:>7.2f}"
     if before:
-        was = sum(b["seconds"] for b in before.values())
-        tail += f"{'':>9}{was:>14.2f}{was / total:>8.1f}x"
+        was = sum(b["cpu"] for b in before.values())
+        tail += f"{'':>9}{was:>18.2f}{was / total:>8.1f}x"
     print(tail)
 
 

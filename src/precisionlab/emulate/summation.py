@@ -9,8 +9,10 @@ __all__ = ["fixed_sum", "sum_over", "sum_to"]
 
 # NumPy adds float32 and float64 arrays with the same IEEE additions as torch (elementwise,
 # round to nearest, subnormals kept) at a fraction of torch's per-call cost, which dominates
-# the small tensors summed here: the same tree, the same bits, several times faster. Only a
-# NaN's sign and payload can differ, so a sum with a NaN is redone by torch.
+# the small tensors summed here: the same tree, the same bits, about 1.3-2x faster (128 to
+# 512x128 float32 entries, in-process, one thread, loaded machine). The tree is this
+# module's, never np.sum's own pairwise blocking. Only a NaN's sign and payload can differ,
+# so a sum with a NaN is redone by torch.
 _NUMPY_DTYPES = (torch.float32, torch.float64)
 
 

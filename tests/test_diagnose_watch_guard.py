@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from precisionlab import diagnose
+from precisionlab.diagnose.watch_guard import same_bits
 
 
 def _events(w):
@@ -171,3 +172,103 @@ def test_all_finite_against_isfinite_on_hard_values(dtype):
     mixed = [torch.full((3,), 60000.0, dtype=torch.float16), torch.tensor([3e38, 3e38]),
              torch.tensor([1e308, 1e308], dtype=torch.float64)]  # every sum overflows
     assert all_finite(mixed) and not all_finite([*mixed, torch.tensor([math.nan])])
+
+
+def _plain_and_watched(make, xs, gen_seed, **watch_kw):
+    """The final state_dict and generator state of a run without and with a watch."""
+    out = []
+    for watched in (False, True):
+        torch.manual_seed(0)
+        model = make(torch.Generator().manual_seed(gen_seed))
+        sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
+        w = diagnose.watch(model, every=10**6, **watch_kw) if watched else None
+        if w is not None:
+            w.__enter__()
+        for x in xs:
+            sgd.zero_grad()
+            model(x).float().pow(2).mean().backward()  # the backward needs BN's saved stats
+            sgd.step()
+            if w is not None:
+                w.step()
+        if w is not None:
+            w.close()
+        out.append((model.state_dict(), model.gen.get_state(), w))
+    return out
+
+
+class _NoisyNorm(nn.Module):
+    """Batch norm, then noise drawn from a generator of the model's own."""
+
+    def __init__(self, gen):
+        super().__init__()
+        self.gen = gen
+        self.fc, self.bn = nn.Linear(4, 8), nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        h = self.bn(self.fc(x))
+        return h * (torch.rand(h.shape, generator=self.gen) > 0.3)
+
+
+@pytest.mark.parametrize("bad_step", [1, 3])  # 1: the first guarded step, no buffer copied yet
+@pytest.mark.parametrize("check", ["outputs", "modules"])
+def test_a_replay_leaves_batch_norm_statistics_and_the_models_generator_alone(bad_step, check):
+    gen = torch.Generator().manual_seed(2)
+    xs = [torch.randn(6, 4, generator=gen) for _ in range(5)]
+    xs[bad_step] = torch.full((6, 4), 3e38)  # the linear's or the norm's output overflows
+    (plain, g_plain, _), (watched, g_watched, w) = _plain_and_watched(_NoisyNorm, xs, 5,
+                                                                      check=check)
+    assert w.report.events and w.report.events[0].step == bad_step
+    assert torch.equal(g_plain, g_watched)  # the replay drew nothing from self.gen
+    for (n, a), b in zip(plain.items(), watched.values(), strict=True):
+        assert same_bits(a, b), n  # running_mean, running_var, num_batches_tracked included
+
+
+def test_a_training_batch_norm_is_not_blamed_on_its_running_statistics():
+    from precisionlab.diagnose.watch_cause import forward_mechanism
+    x = torch.tensor([[3e38], [-3e38]])  # finite, but its variance overflows
+    mean, var = torch.tensor([math.inf]), torch.ones(1)  # already updated with this batch
+    out = torch.nn.functional.batch_norm(x, mean.clone(), var.clone(), training=True)
+    mech, _ = forward_mechanism("batch_norm", (x, mean, var, None, None, True, 0.1, 1e-5),
+                                {}, out)
+    assert mech != "nonfinite_input"
+    mech, _ = forward_mechanism("batch_norm", (x, mean, var, None, None, False, 0.1, 1e-5),
+                                {}, out)
+    assert mech == "nonfinite_input"  # in eval the running statistics are read
+
+
+def test_an_untrusted_replay_names_the_losss_gradient_before_a_parameters():
+    class Noisy(nn.Module):  # draws from its own generator: a replay cannot reproduce it
+        def __init__(self):
+            super().__init__()
+            self.gen, self.fc = torch.Generator().manual_seed(0), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x) * (torch.rand(4, generator=self.gen) + 1)
+    torch.manual_seed(0)
+    model = Noisy()
+    with diagnose.watch(model, every=10**6) as w:
+        for x in (torch.ones(2, 4), torch.full((2, 4), 1e14)):
+            model(x).pow(4).sum().backward()  # 4 out**3 past 3.4e38: the loss's gradient inf
+            w.step()
+    (ev,) = w.report.events
+    assert ev.step == 1 and ev.op.startswith("the loss, outside the model")
+    assert "did not reproduce it: outputs differ" in ev.op
+
+
+def test_a_float32_weight_gradient_overflow_is_named_at_its_step_with_every_module_hooked():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 1, bias=False))
+    with diagnose.watch(model, every=1) as w:
+        for v in (1.0, 1e38):  # the input needs no gradient: only the weight's overflows
+            model.zero_grad()
+            (model(torch.full((3, 4), v)) * 10).sum().backward()
+            w.step()
+    assert [(e.step, e.op) for e in w.report.events] == [
+        (1, "0: backward (gradient of 0.weight)")]
+    assert not bool(torch.isfinite(model[0].weight.grad).all())  # the oracle
+
+
+def test_a_compiled_model_is_watched_through_its_original_module():
+    from precisionlab.diagnose.watch_args import unwrap
+    model = nn.Sequential(nn.Linear(2, 2))
+    assert unwrap(torch.compile(model)) is model  # module paths are the model's own

@@ -38,7 +38,7 @@ from .report import check_module
 from .watch_args import check_optimizer, check_scaler, unwrap
 from .watch_cause import backward_mechanism, detached_copy, forward_mechanism, replay, tensor_range
 from .watch_counts import cast_bounds, check_formats, magnitude_range, tensor_counts
-from .watch_guard import StepGuard, same_bits
+from .watch_guard import StepGuard, all_finite, same_bits
 from .watch_log import WatchLog, check_tensorboard, dump_inputs
 from .watch_report import LayerStats, NonFinite, SkippedStep, WatchReport
 
@@ -379,21 +379,25 @@ class Watch:
         if not backward:
             out = next(t for t in snap.outs if not bool(torch.isfinite(t).all()))
             name = f"{type(self._root).__name__}.forward"
-            mech, detail = forward_mechanism(name, tuple(snap.args), dict(snap.kwargs), out,
-                                             self._params)
+            # the model's parameters are its inputs too: one not finite is the likelier cause
+            bad = tuple(p for p in self._root.parameters() if not bool(torch.isfinite(p).all()))
+            mech, detail = forward_mechanism(name, tuple(snap.args) + bad, dict(snap.kwargs),
+                                             out, self._params)
             ev = self._forward_record("", self._root, snap.args, snap.kwargs,
                                       f"(model): {name}", mech, detail + note, snap.args,
                                       snap.kwargs, out)
             self._fwd_event = ev
             return self._event(ev)
+        # the gradient the loss sends in comes first in the backward, then the parameters'
+        g = next((g for g in snap.grads.values() if not bool(torch.isfinite(g).all())), None)
+        if g is not None:
+            return self._backward_event("", f"the loss, outside the model: gradient of the "
+                                        f"model's output{note}", g)
         for n, p in self._root.named_parameters():
             if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
                 owner = n.rpartition(".")[0]
                 return self._backward_event(owner, f"{owner or '(model)'}: backward (gradient "
                                             f"of {n}){note}", p.grad)
-        g = next(g for g in snap.grads.values() if not bool(torch.isfinite(g).all()))
-        self._backward_event("", f"the loss, outside the model: gradient of the model's "
-                             f"output{note}", g)
 
     # ---- steps
     def step(self, loss=None) -> None:
@@ -434,6 +438,8 @@ class Watch:
                 for p in self._modules[path].parameters(recurse=False):
                     if p.grad is not None:
                         self._add(path, _PARAM_GRAD, *tensor_counts(_local(p.grad), self._bounds))
+        if self._full and not self._step_events:
+            self._check_param_grads()
         scale = skip = None
         if self.scaler is not None:
             used, new = self._update or (self._scale_now(),) * 2
@@ -467,6 +473,19 @@ class Watch:
         self._reset()
         if raise_ev is not None and self.on_nonfinite == "raise":
             raise NonFiniteError(raise_ev)
+
+    def _check_param_grads(self) -> None:
+        """At the end of a step with every module hooked: a float32 parameter's gradient is
+        not hooked in the backward (see `_install`); one sum each names an inf/NaN at its
+        step rather than at the next forward."""
+        gs = [_local(p.grad) for p in self._guard.params if p.grad is not None]
+        if not gs or all_finite(gs):
+            return
+        for n, p in self._root.named_parameters():
+            if p.grad is not None and not bool(torch.isfinite(_local(p.grad)).all()):
+                owner = n.rpartition(".")[0]
+                return self._backward_event(owner, f"{owner or '(model)'}: backward (gradient "
+                                            f"of {n})", _local(p.grad))
 
     def _reduce_events(self) -> None:
         events = self._step_events
@@ -550,8 +569,8 @@ class Watch:
                                               with_kwargs=True))
         for n, p in self._root.named_parameters():
             # a float32 parameter's gradient is checked in the backward only under a scaler
-            # (autocast's float16 products); else through the activations' gradients, and a
-            # weight an inf/NaN gradient reached is named at the next forward
+            # (autocast's float16 products); else through the activations' gradients and,
+            # at the step's end, one sum of each .grad (`_check_param_grads`)
             wide = p.dtype in (torch.float32, torch.float64) and self.scaler is None
             if p.requires_grad and not wide:
                 try:

@@ -8,11 +8,18 @@ __all__ = ["check_optimizer", "check_scaler", "unwrap"]
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside DistributedDataParallel / DataParallel wrappers."""
-    while type(model).__name__ in ("DistributedDataParallel", "DataParallel") and isinstance(
-            getattr(model, "module", None), torch.nn.Module):
-        model = model.module
-    return model
+    """The module inside DistributedDataParallel / DataParallel wrappers and torch.compile's
+    OptimizedModule (its `_orig_mod`), so that module paths are the model's own."""
+    while True:
+        name = type(model).__name__
+        if name in ("DistributedDataParallel", "DataParallel") and isinstance(
+                getattr(model, "module", None), torch.nn.Module):
+            model = model.module
+        elif name == "OptimizedModule" and isinstance(
+                getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
 
 
 def check_optimizer(optimizer, model) -> None:

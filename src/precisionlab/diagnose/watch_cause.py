@@ -4,13 +4,16 @@ Forward: the module whose output is first not finite is re-run once on (clones o
 inputs it got, under a `torch.overrides.TorchFunctionMode` that stops at the first torch
 function whose output is not finite; the function is named as triage names operations
 ("path: name#k"), and `forward_mechanism` matches its inputs and output against the
-mechanisms of `watch_report.MECHANISMS`. The re-run saves and restores the module's buffers
-and the random number generators, so the training run's numbers do not change.
+mechanisms of `watch_report.MECHANISMS`. The re-run writes to clones of the module's buffers
+(`scratch_buffers`) and gives the random number generators back their states (the default ones
+forked, a generator= of the model's own through `KeepGenerators`), so the training run's
+numbers do not change.
 Backward: a gradient that is first not finite is matched by `backward_mechanism`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -19,9 +22,11 @@ from torch.overrides import TorchFunctionMode
 from .batch import tensors
 from .watch_report import TensorRange
 
-__all__ = ["FirstOp", "backward_mechanism", "detached_copy", "forward_mechanism", "replay",
-           "tensor_range"]
+__all__ = ["FirstOp", "KeepGenerators", "backward_mechanism", "detached_copy",
+           "forward_mechanism", "replay", "scratch_buffers", "tensor_range"]
 
+_NORMS = frozenset({"batch_norm", "instance_norm"})  # (input, running_mean, running_var,
+#   weight, bias, training, ...)
 _SOFTMAX = frozenset({"softmax", "log_softmax", "_softmax", "_log_softmax"})
 _ATTENTION = frozenset({"scaled_dot_product_attention", "multi_head_attention_forward"})
 _LOGS = frozenset({"log", "log2", "log10", "log_"})
@@ -136,6 +141,12 @@ def forward_mechanism(name: str, args: tuple, kwargs: dict, out: torch.Tensor,
     """
     ins = [t for t in tensors(list(args)) + tensors(list(kwargs.values()))
            if t.is_floating_point()]
+    if name in _NORMS and _arg(args, kwargs, 5, "training", False) is True:
+        # in training the running statistics are written, not read (and a re-run after the
+        # forward sees them already updated with this batch): not the output's cause
+        stats = {id(_arg(args, kwargs, k, n)) for k, n in ((1, "running_mean"),
+                                                            (2, "running_var"))}
+        ins = [t for t in ins if id(t) not in stats]
     nan, inf = int(torch.isnan(out).sum()), int(torch.isinf(out).sum())
     if name in _SOFTMAX:
         x, dim = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "dim", -1)
@@ -326,12 +337,11 @@ def replay(module: torch.nn.Module, path: str, args: tuple, kwargs: dict) -> Fir
     for n, m in module.named_modules():
         if n:
             hooks += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
-    saved = {n: b.detach().clone() for n, b in module.named_buffers()}
     devices = sorted({p.device.index or 0 for p in module.parameters() if p.device.type == "cuda"})
     try:
         a, kw = detached_copy(tuple(args)), detached_copy(dict(kwargs))
         with torch.random.fork_rng(devices=devices), torch.no_grad(), \
-                _FirstNonFinite(stack) as mode:
+                scratch_buffers(module), KeepGenerators(), _FirstNonFinite(stack) as mode:
             module.forward(*a, **kw)
         found = mode.origin or mode.first or mode.masking
     except Exception:  # a re-run that fails: the module is named, not the function
@@ -339,9 +349,67 @@ def replay(module: torch.nn.Module, path: str, args: tuple, kwargs: dict) -> Fir
     finally:
         for h in hooks:
             h.remove()
-        bufs = dict(module.named_buffers())
-        with torch.no_grad():
-            for n, b in saved.items():
-                bufs[n].copy_(b)
     return found
+
+
+@contextlib.contextmanager
+def scratch_buffers(module: torch.nn.Module, values: dict | None = None):
+    """Within: each buffer of module replaced by a clone (of values[name] where given, its
+    dotted name in module), so that a forward run within writes to the clones; afterwards the
+    module's own buffer tensors are back, untouched: their values and their version counters
+    (a batch norm's running statistics, saved for the step's backward, stay valid for it).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from torch import nn
+    >>> from precisionlab.diagnose.watch_cause import scratch_buffers
+    >>> bn = nn.BatchNorm1d(2)
+    >>> mean, version = bn.running_mean, bn.running_mean._version
+    >>> with scratch_buffers(bn):
+    ...     _ = bn(torch.randn(4, 2) + 5)
+    >>> bn.running_mean is mean, float(mean.abs().max()), mean._version == version
+    (True, 0.0, True)
+    """
+    values = values or {}
+    own, clones = [], {}
+    for prefix, m in module.named_modules():
+        for n, b in m.named_buffers(recurse=False):
+            if b is None:
+                continue
+            full = f"{prefix}.{n}" if prefix else n
+            if id(b) not in clones:  # a buffer shared by two modules stays shared
+                src = values.get(full, b)
+                clones[id(b)] = src.detach().clone()
+            own.append((m, n, b))
+            setattr(m, n, clones[id(b)])
+    try:
+        yield
+    finally:
+        for m, n, b in own:
+            setattr(m, n, b)
+
+
+class KeepGenerators(TorchFunctionMode):
+    """Within: every torch.Generator passed to a torch function (generator=...) gets back, at
+    the exit, the state it had when first used within, so that a re-run draws nothing from a
+    generator of the model's own (the default generators are forked by the caller)."""
+
+    def __init__(self):
+        super().__init__()
+        self.states: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for g in (*args, *kwargs.values()):
+            if isinstance(g, torch.Generator) and id(g) not in self.states:
+                self.states[id(g)] = (g, g.get_state())
+        return func(*args, **kwargs)
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            for g, state in self.states.values():
+                g.set_state(state)
 

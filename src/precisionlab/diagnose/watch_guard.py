@@ -24,6 +24,7 @@ from functools import partial
 import torch
 
 from .batch import tensors
+from .watch_cause import KeepGenerators, scratch_buffers
 
 __all__ = ["Snapshot", "StepGuard", "all_finite", "autocast_modes", "same_bits"]
 
@@ -101,26 +102,22 @@ class Snapshot:
 
     @contextlib.contextmanager
     def restored(self, root: torch.nn.Module, devices: list[int]):
-        """Within: the random number generators, grad and autocast modes and the copied buffers
-        as the forward found them; afterwards all as they were."""
-        bufs = dict(root.named_buffers())
-        now = {n: bufs[n].detach().clone() for n in self.buffers}
+        """Within: the default random number generators, grad and autocast modes and the copied
+        buffers as the forward found them (every buffer a clone); afterwards all as they were,
+        a generator= of the model's own included (its draws are not replayed: a replay of a
+        model that draws from one does not reproduce the step and is not trusted)."""
         with torch.random.fork_rng(devices=devices), contextlib.ExitStack() as stack:
             torch.set_rng_state(self.rng)
             for d, s in zip(devices, self.cuda_rng, strict=True):
                 torch.cuda.set_rng_state(s, d)
+            # the replay writes to clones of every buffer: the model's own ones keep their
+            # values and version counters (the step's backward may have saved them)
+            stack.enter_context(scratch_buffers(root, self.buffers))
+            stack.enter_context(KeepGenerators())
             stack.enter_context(torch.set_grad_enabled(self.grad))
             for dev, dt in self.autocast:
                 stack.enter_context(torch.autocast(dev, dtype=dt))
-            try:
-                with torch.no_grad():
-                    for n, b in self.buffers.items():
-                        bufs[n].copy_(b)
-                yield
-            finally:
-                with torch.no_grad():
-                    for n, b in now.items():
-                        bufs[n].copy_(b)
+            yield
 
 
 class StepGuard:

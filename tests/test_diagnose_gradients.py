@@ -502,3 +502,39 @@ def test_forward_activations_that_fit_and_the_report_lines():
     assert [t.overflow for t in off.tensors] == [t.overflow for t in over.tensors]
     with pytest.raises(ValueError, match="forward must be True or False; got forward='yes'"):
         diagnose.gradients(big, lambda out: out.sum(), xb, forward="yes")
+
+
+def test_forward_counts_of_a_gpt2_built_from_a_config_against_torchs_casts():
+    """A real transformers model (GPT-2, 2 layers, from a config; no weights downloaded), its
+    second MLP's weights scaled so that some activations pass 65504: every leaf output's
+    overflow count per format is what torch's own cast makes inf, and max|x| and the headroom
+    are the values themselves."""
+    transformers = pytest.importorskip("transformers")
+    from precisionlab.diagnose.batch import tensors
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=101,
+                                  n_positions=32, bos_token_id=0, eos_token_id=0,
+                                  attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight.mul_(2e5)
+    ids = torch.randint(0, 101, (2, 16))
+    r = diagnose.gradients(model, lambda out: out.logits.float().logsumexp(-1).mean(), (ids,))
+    seen = []  # the oracle: each leaf module's output of a plain forward, in call order
+    hooks = [m.register_forward_hook(lambda m, a, o, n=n: seen.append((n, o)))
+             for n, m in model.named_modules() if next(iter(m.children()), None) is None]
+    with torch.no_grad():
+        model(ids)
+    for h in hooks:
+        h.remove()
+    outs = [(n, t) for n, o in seen for t in tensors(o) if t.is_floating_point()]
+    assert [t.name.split("#")[0].split("[")[0] for t in r.forward] == [n for n, _ in outs]
+    total = 0
+    for t, (_, x) in zip(r.forward, outs, strict=True):
+        assert t.numel == x.numel() and t.max_abs == float(x.abs().max())
+        for fmt, dt in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+            assert t.overflow[fmt] == int((~torch.isfinite(x.to(dt))).sum()), (t.name, fmt)
+        total += t.overflow["float16"]
+    assert total > 0 and r.forward_overflow("bfloat16") == (0, 0)  # the planted overflow
+    amax = max(float(x.abs().max()) for _, x in outs)
+    assert r.forward_headroom("float16") == pytest.approx(math.log2(65504 / amax), abs=1e-12)

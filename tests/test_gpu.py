@@ -550,8 +550,7 @@ def test_every_profile_name_is_registered_once():
 
 @pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float8_e4m3fn"])
 def test_convert_of_a_long_input_is_the_ml_dtypes_cast_of_every_value(fmt):
-    # convert rounds long inputs in several short calls (rounding's NumPy tier): every value,
-    # on both sides of each call boundary, is the nearest-even cast that ml_dtypes (NumPy for
+    # convert rounds long inputs on rounding's NumPy tier (compiled=False): every value is the nearest-even cast that ml_dtypes (NumPy for
     # float16) makes, with the hard regions mixed in: ties, subnormals, overflow, +-inf, NaN.
     import ml_dtypes
 
@@ -576,8 +575,8 @@ def test_convert_of_a_long_input_is_the_ml_dtypes_cast_of_every_value(fmt):
 
 @pytest.mark.parametrize("mode", ["nearest_even", "nearest_away", "toward_zero", "up", "down"])
 def test_round_float64_of_a_long_input_is_round_to_of_every_value(mode):
-    # round_float64 rounds long inputs in several short calls: each value (one in 7 checked,
-    # on both sides of the call boundaries at multiples of 4095) is what round_to gives for
+    # round_float64 rounds long inputs on rounding's NumPy tier: each value (one in 7 checked,
+    # and those around 4096, where the tier would change) is what round_to gives for
     # that value alone, and the whole is round_to's of the whole array.
     from precisionlab.gpu.arith import round_float64
 

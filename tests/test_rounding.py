@@ -569,3 +569,27 @@ def test_the_tier_depends_on_the_input_length_only(monkeypatch):
     for n in [100] * 12_000 + [4095, 4096, 100]:  # 12,000 calls: more than the old ledger allowed
         round_to(np.ones(n, np.float32), "bfloat16", "up")
     assert tiers == ["numpy"] * 12_001 + ["numba", "numpy"]
+
+
+@pytest.mark.parametrize("mode", ["nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic"])
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float8_e4m3fn", "float4_e2m1fn", "float8_e8m0fnu"])
+def test_compiled_false_stays_on_numpy_with_the_same_bits(monkeypatch, fmt, mode):
+    """round_to(..., compiled=False) never builds a numba loop, at any length, and gives the
+    bits of the compiled tier (stochastic: the same stream for the same seed)."""
+    import precisionlab.rounding_kernel as rk
+    gen = np.random.default_rng(3)
+    for dtype in (np.float32, np.float64):
+        x = (gen.standard_normal(9000) * np.exp2(gen.integers(-40, 40, 9000))).astype(dtype)
+        x[:7] = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, 1 + 2.0**-8]
+        rng = (lambda: np.random.default_rng(5)) if mode == "stochastic" else (lambda: None)
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = round_to(x, fmt, mode, rng(), backend="emulated")
+            with monkeypatch.context() as m:
+                m.setattr(rk, "numba_kernel", lambda *key: pytest.fail(f"compiled {key}"))
+                got = round_to(x, fmt, mode, rng(), backend="emulated", compiled=False)
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_compiled_must_be_a_bool():
+    with pytest.raises(ValueError, match=r"^compiled must be True or False; got compiled=1$"):
+        round_to(np.ones(3), "bfloat16", compiled=1)

@@ -408,7 +408,7 @@ def test_training_with_adam_freezes_bf16_stored_weights():
 def test_crossing_trajectory_is_the_step_by_step_loop_rounded_by_ml_dtypes(fmt, master):
     # Oracle: the master updated one addition at a time in its own dtype, and each copy
     # rounded by ml_dtypes' (NumPy's for float16) cast of the float64 value;
-    # 9000 steps take several of round_to's short calls, as the chapters' runs do.
+    # 9000 steps, rounded on round_to's NumPy tier (compiled=False), as the chapters' runs are.
     dt = np.dtype(master)
     w, lr = dt.type(1.0), dt.type(3e-6)
     loop = [w]
@@ -425,8 +425,7 @@ def test_crossing_trajectory_is_the_step_by_step_loop_rounded_by_ml_dtypes(fmt, 
 
 @pytest.mark.parametrize("master", ["float32", "float64"])
 def test_simulate_crossing_short_and_long_runs_agree_with_the_trajectory(master):
-    # A short run (rounded in NumPy-sized calls) and one too long for that rule (whole
-    # blocks) give the first change that the step-by-step trajectory shows, weight by weight.
+    # A short run (rounded on the NumPy tier) and one too long for that rule (compiled) give the first change that the step-by-step trajectory shows, weight by weight.
     w = np.array([1.0, 0.1, -0.3, 2.0**-5])
     lr = np.array([1e-6, 1e-5, 2e-5, -1e-7])
     first = []

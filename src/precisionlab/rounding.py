@@ -248,7 +248,8 @@ def _auto_takes_native(a: np.ndarray, fmt: FloatFormat) -> bool:
 
 
 def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator | None = None,
-             *, saturate: bool = False, backend: str = "auto", out: np.ndarray | None = None):
+             *, saturate: bool = False, backend: str = "auto", out: np.ndarray | None = None,
+             compiled: bool = True):
     """fl(x): x rounded into `fmt` by `mode` (overflow gives inf, or NaN in e4m3fn, unless `saturate`).
 
     mode: nearest_even (IEEE default), nearest_away (NVIDIA's fp32->tf32 conversion),
@@ -298,6 +299,11 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
         Which implementation runs; every backend gives the same bits.
     out : numpy.ndarray or None, default None
         For a NumPy input only: a C-contiguous array of x's shape and dtype to write into.
+    compiled : bool, default True
+        False keeps the emulated recipe on its NumPy tier at any length, never compiling a
+        numba loop: cheaper for a one-off rounding of up to a few million values from a cold
+        cache (NumPy takes about 15 ns a value, a cold compile a second or more). The same
+        bits either way.
 
     Returns
     -------
@@ -310,7 +316,8 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
     ------
     ValueError
         If fmt, mode or backend is unknown, mode is "stochastic" without a generator,
-        backend is "native" where no library cast is exact, or out does not fit x.
+        backend is "native" where no library cast is exact, out does not fit x, or
+        compiled is not a bool.
     TypeError
         If x is an integer tensor, or an array of a dtype that cannot be read.
 
@@ -341,6 +348,8 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
     fmt = get_format(fmt)
     code = _mode_code(mode)
     check_choice(backend, "backend", BACKENDS)
+    if not isinstance(compiled, bool):
+        raise ValueError(f"compiled must be True or False; got compiled={compiled!r}")
     if code == STOCHASTIC and not isinstance(generator, np.random.Generator):
         raise ValueError(
             "stochastic rounding needs generator=np.random.default_rng(seed), "
@@ -369,9 +378,9 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
                                or (backend == "auto" and _auto_takes_native(a, fmt))):
         native(out)
     elif fmt.has_nan and fmt.signed:
-        emulate_into(a, out, fmt, code, generator, saturate)
+        emulate_into(a, out, fmt, code, generator, saturate, compiled)
     else:
-        emulate_mx_into(a, out, fmt, code, generator, saturate)
+        emulate_mx_into(a, out, fmt, code, generator, saturate, compiled)
     return restore(out)
 
 

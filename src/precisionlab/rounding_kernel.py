@@ -422,8 +422,9 @@ PARALLEL_MIN_SIZE = 1 << 20
 
 
 def emulate_into(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, generator,
-                 saturate: bool) -> None:
-    """Write fl(a) into out by the add-then-clear recipe: Python, NumPy or numba tier."""
+                 saturate: bool, compiled: bool = True) -> None:
+    """Write fl(a) into out by the add-then-clear recipe: Python, NumPy or numba tier
+    (`compiled=False`: never numba, for one-off roundings a cold compile would not pay for)."""
     c = F32 if a.dtype == np.float32 else F64
     src, dst = a.view(c.int_dtype).ravel(), out.view(c.int_dtype).reshape(-1)
     params = word_params(fmt, c, saturate)
@@ -432,7 +433,7 @@ def emulate_into(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, ge
     if a.size <= PYTHON_MAX_SIZE:
         python_words(src, dst, params, code, seed, uniform)
         return
-    if a.size < NUMBA_MIN_SIZE:
+    if a.size < NUMBA_MIN_SIZE or not compiled:
         numpy_words(src, dst, *params, code, seed, uniform)
         return
     # Follow torch's thread setting: one thread there means serial here too. numba's OpenMP
@@ -451,17 +452,17 @@ def emulate_into(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, ge
 
 
 def emulate_mx_into(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, generator,
-                    saturate: bool) -> None:
+                    saturate: bool, compiled: bool = True) -> None:
     """fl(a) for the MX formats: float4/float6 saturate (no inf, no NaN); e8m0fnu is 2^k > 0 or NaN."""
     if fmt.signed:  # float4_e2m1fn, float6_*: overflow and +-inf can only go to +-max_finite
-        emulate_into(a, out, fmt, code, generator, True)
+        emulate_into(a, out, fmt, code, generator, True, compiled)
         return  # a NaN input stays NaN: the format has no NaN, and ml_dtypes' zero would hide it
     # float8_e8m0fnu: 2^-127 is a float32 subnormal, below the kernel's float32 range, so the
     # kernel runs in float64, where e8m0fnu's grid is a 0-bit-mantissa format with emin = -127.
     with np.errstate(invalid="ignore"):  # signalling NaNs widen quietly: they become NaN (0xFF)
         wide = a.astype(np.float64)
     r = np.empty_like(wide)
-    emulate_into(wide, r, fmt, code, generator, saturate)
+    emulate_into(wide, r, fmt, code, generator, saturate, compiled)
     r[r == 0] = fmt.min_normal  # below 2^-127 there is no zero to round to: the smallest value
     r[~(wide > 0)] = np.nan  # 0, -0, negatives and NaN have no encoding: NaN (0xFF), as ml_dtypes
     np.copyto(out, r, casting="unsafe")  # every value 2^-127..2^127 is a float32: exact

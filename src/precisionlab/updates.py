@@ -19,7 +19,6 @@ from .checks import check_choice
 from .exact import two_prod, two_sum
 from .formats import FloatFormat, get_format
 from .rounding import DETERMINISTIC_MODES, check_mode, round_to, seed_generator, ulp
-from .rounding_kernel import NUMBA_MIN_SIZE
 
 __all__ = [
     "DETERMINISTIC_MODES",
@@ -239,16 +238,9 @@ def steps_to_cross_estimate(w, lr, fmt="bfloat16"):
 
 
 # A simulation that rounds fewer values than this in all is cheaper on rounding's NumPy tier
-# (about 15 ns a value) than compiling its numba loop from a cold cache (a second or more):
-# its rounding calls are then kept below NUMBA_MIN_SIZE values each. The same bits either way.
+# (about 15 ns a value) than compiling its numba loop from a cold cache (a second or more), so
+# it rounds with round_to(..., compiled=False). The same bits either way.
 _NUMPY_WORK = 1 << 23
-
-
-def _round_below_numba(a: np.ndarray, fmt: FloatFormat, mode: str) -> np.ndarray:
-    """round_to(a, fmt, mode) of a 1-D array, in calls short enough for rounding's NumPy tier."""
-    n = NUMBA_MIN_SIZE - 1
-    return np.concatenate([np.asarray(round_to(a[i:i + n], fmt, mode))
-                           for i in range(0, a.size, n)] or [a[:0]])
 
 
 def _check_master(master: str) -> np.dtype:
@@ -288,13 +280,12 @@ def simulate_crossing(w, lr, max_steps: int, fmt="bfloat16", mode: str = "neares
         bar = tqdm(total=max_steps, desc="simulating updates", leave=False)
     done = 0
     while done < max_steps and live.size:
-        cap = max(1, (NUMBA_MIN_SIZE - 1) // live.size) if short else block
-        b = min(block, cap, max_steps - done)
+        b = min(block, max_steps - done)
         seq = np.empty((live.size, b + 1), dtype=dt)
         seq[:, 0] = cur[live]
         seq[:, 1:] = step[live, None]
         traj = np.cumsum(seq, axis=1, dtype=dt)[:, 1:]  # w_{done+1} .. w_{done+b}
-        changed = np.asarray(round_to(traj, fmt, mode)) != start[live, None]
+        changed = np.asarray(round_to(traj, fmt, mode, compiled=not short)) != start[live, None]
         hit = changed.any(axis=1)
         first[live[hit]] = done + 1 + changed[hit].argmax(axis=1)
         cur[live] = traj[:, -1]
@@ -321,10 +312,8 @@ def crossing_trajectory(w: float, lr: float, steps: int, fmt="bfloat16",
     seq = np.full(int(steps) + 1, lr0, dtype=dt)
     seq[0] = w0
     vals = np.cumsum(seq, dtype=dt)
-    if vals.size <= _NUMPY_WORK:
-        copy = _round_below_numba(vals, fmt, mode).astype(np.float64)
-    else:
-        copy = np.asarray(round_to(vals, fmt, mode), dtype=np.float64)
+    copy = np.asarray(round_to(vals, fmt, mode, compiled=vals.size > _NUMPY_WORK),
+                      dtype=np.float64)
     return np.arange(int(steps) + 1), vals.astype(np.float64), copy
 
 

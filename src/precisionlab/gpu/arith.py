@@ -24,7 +24,6 @@ from tqdm.auto import tqdm
 from ..exact import as_float64, two_sum
 from ..formats import FloatFormat, get_format
 from ..rounding import check_mode, round_to, seed_generator
-from ..rounding_kernel import NUMBA_MIN_SIZE
 
 __all__ = ["RoundedAdder", "progress", "round_float64", "round_to_odd", "rounded_add"]
 
@@ -33,20 +32,16 @@ PROGRESS_WORK = 200_000_000
 
 # Loading an input into the format is one rounding of each value: on rounding's NumPy tier
 # (about 15 ns a value) that is cheaper than compiling its numba loop from a cold cache (a
-# second or more) up to this many values, so `convert` and `round_float64` keep their calls
-# below NUMBA_MIN_SIZE values each there. The same bits either way; stochastic rounding is
-# left in one call, since its random stream is drawn per call.
+# second or more) up to this many values, so `convert` and `round_float64` round with
+# round_to(..., compiled=False) there. The same bits either way.
 CONVERT_NUMPY_MAX = 1 << 23
 
 
 def _round_once(a: np.ndarray, fmt: FloatFormat, mode: str, generator=None) -> np.ndarray:
-    """round_to(a, fmt, mode) of a C-contiguous float64 array, once: in short calls (NumPy tier)
-    up to CONVERT_NUMPY_MAX values in a deterministic mode, else in one call."""
-    if mode == "stochastic" or a.size > CONVERT_NUMPY_MAX:
-        return np.asarray(round_to(a, fmt, mode, generator=generator))
-    flat, n = a.reshape(-1), NUMBA_MIN_SIZE - 1
-    return np.concatenate([np.asarray(round_to(flat[i:i + n], fmt, mode))
-                           for i in range(0, flat.size, n)] or [flat]).reshape(a.shape)
+    """round_to(a, fmt, mode) of a float64 array, once: on the NumPy tier up to
+    CONVERT_NUMPY_MAX values, compiled beyond."""
+    return np.asarray(round_to(a, fmt, mode, generator=generator,
+                               compiled=a.size > CONVERT_NUMPY_MAX))
 
 
 def progress(steps: range, work: int, desc: str):

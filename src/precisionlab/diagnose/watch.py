@@ -438,7 +438,9 @@ class Watch:
                 for p in self._modules[path].parameters(recurse=False):
                     if p.grad is not None:
                         self._add(path, _PARAM_GRAD, *tensor_counts(_local(p.grad), self._bounds))
-        if self._full and not self._step_events:
+        if self._full and not self._step_events and self._world == 1:
+            # (under torch.distributed the reduced .grad holds every rank's inf: each rank
+            # would name it; there the gradient hooks name the rank the inf came from)
             self._check_param_grads()
         scale = skip = None
         if self.scaler is not None:
@@ -655,8 +657,10 @@ def watch(model, every: int = 50,
         loss); rank 0 writes it.
     tensorboard : bool, default False
         Also write TensorBoard event files to log_dir through torch.utils.tensorboard
-        (scalars amax/{kind}/{module}, headroom_{format}/{kind}/{module}, loss_scale, loss);
-        needs the tensorboard package (`pip install tensorboard`).
+        (scalars amax/{kind}/{module}, headroom_{format}/{kind}/{module}, loss_scale, loss;
+        a value that is not finite, such as the headroom -inf of an overflowing layer, is
+        left out of the events, watch.jsonl has it); needs the tensorboard package
+        (`pip install tensorboard`).
     on_nonfinite : {"record", "raise", "dump"}, default "record"
         At the first inf/NaN of a step: record it; raise `NonFiniteError` (at once; under
         torch.distributed at the step's end, on every rank); or record it and save the
@@ -668,7 +672,14 @@ def watch(model, every: int = 50,
         first operation is named at its step; an inf absorbed inside the model (clamped,
         masked out) is seen on recorded steps only. "modules": every module's output and
         gradient every step, as on a recorded step (slower). Under FSDP2 every step checks
-        every module (a replay would gather parameters on one rank only).
+        every module (a replay would gather parameters on one rank only). A replay (of the
+        step, or of one module on a recorded step) runs forwards again: on clones of the
+        buffers, with the default generators restored and a generator= of the model's own
+        given its state back, so the run's numbers do not change; the user's own hooks run
+        again too, and a forward that communicates (SyncBatchNorm, tensor parallelism)
+        would wait for the other ranks: use check="modules" there. A replay whose outputs
+        are not the step's (a generator of the model's own, an input written in place,
+        a non-deterministic kernel) is not trusted: the event names what the step shows.
 
     Returns
     -------

@@ -272,3 +272,33 @@ def test_a_compiled_model_is_watched_through_its_original_module():
     from precisionlab.diagnose.watch_args import unwrap
     model = nn.Sequential(nn.Linear(2, 2))
     assert unwrap(torch.compile(model)) is model  # module paths are the model's own
+
+
+@pytest.mark.parametrize("check", ["outputs", "modules"])
+def test_a_nan_made_in_the_backward_of_the_models_own_code_is_not_blamed_on_the_loss(check):
+    class Masked(nn.Module):  # sqrt(0 * h): its backward is 0 * inf = NaN at fc's output
+        def __init__(self):
+            super().__init__()
+            self.fc, self.out = nn.Linear(2, 2), nn.Linear(2, 1)
+
+        def forward(self, x):
+            return self.out((self.fc(x) * 0).sqrt())
+    torch.manual_seed(0)
+    model = Masked()
+    with diagnose.watch(model, every=10**6, check=check) as w:
+        for _ in range(2):
+            model.zero_grad()
+            model(torch.ones(1, 2)).sum().backward()
+            w.step()
+    assert torch.isnan(model.fc.weight.grad).all()  # the oracle: torch's own backward
+    assert [(e.step, e.phase, e.op) for e in w.report.events] == [
+        (s, "backward", "(model): backward of its own code after fc's output") for s in (0, 1)]
+
+
+def test_a_model_with_complex_parameters_is_refused_by_name():
+    class Complex(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(2, dtype=torch.complex64))
+    with pytest.raises(ValueError, match=r"complex parameters \(w\).*view_as_real"):
+        diagnose.watch(Complex())

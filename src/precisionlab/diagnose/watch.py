@@ -35,7 +35,7 @@ import torch
 from ..checks import check_choice, check_count
 from .batch import tensors
 from .report import check_module
-from .watch_args import check_optimizer, check_scaler, unwrap
+from .watch_args import check_optimizer, check_real, check_scaler, unwrap
 from .watch_cause import backward_mechanism, detached_copy, forward_mechanism, replay, tensor_range
 from .watch_counts import cast_bounds, check_formats, magnitude_range, tensor_counts
 from .watch_guard import StepGuard, all_finite, same_bits
@@ -60,13 +60,15 @@ class NonFiniteError(FloatingPointError):
 class _Tag:
     """What the watch knows of one tensor of the current step."""
 
-    __slots__ = ("amax", "consumer", "counted", "grad_counted", "leaf", "module", "ref")
+    __slots__ = ("amax", "consumer", "counted", "final", "grad_counted", "leaf", "module",
+                 "ref")
 
     def __init__(self, t: torch.Tensor, module: str | None, leaf: str | None):
         self.ref = weakref.ref(t)
         self.module, self.leaf, self.consumer = module, leaf, None
         self.amax = math.nan
         self.counted = self.grad_counted = False
+        self.final = False  # an output of the model itself
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -191,6 +193,8 @@ class Watch:
                 if self._fwd_event is None and not math.isfinite(tag.amax) and not (
                         path in self._masks and not math.isnan(tag.amax)):
                     self._forward_event(path, module, args, kwargs, t)
+            if not path:
+                tag.final = True
             if leaf and self._recording and grad and not tag.counted and tag.leaf == path:
                 tag.counted = True
                 self._add(path, _ACT, *tensor_counts(t, self._bounds, tag.amax))
@@ -214,6 +218,10 @@ class Watch:
                 if tag.consumer is not None:
                     module = tag.consumer
                     op = f"{module or '(model)'}: backward (gradient of its input)"
+                elif not tag.final and tag.module:  # used by an enclosing module's own code
+                    module = tag.module.rpartition(".")[0]
+                    op = (f"{module or '(model)'}: backward of its own code after "
+                          f"{tag.module}'s output")
                 else:
                     module = tag.module or ""
                     op = (f"the loss, outside the model: gradient of "
@@ -689,7 +697,7 @@ def watch(model, every: int = 50,
     Raises
     ------
     ValueError
-        If model is not a Module with parameters, every < 1, a format is unknown, scaler is
+        If model is not a Module with real parameters, every < 1, a format is unknown, scaler is
         not a GradScaler, optimizer is not an Optimizer or holds none of model's parameters,
         on_nonfinite or check is unknown, on_nonfinite="dump" or tensorboard=True without a
         log_dir.
@@ -715,6 +723,7 @@ def watch(model, every: int = 50,
     (1, '0: linear#0', 'overflow', 1)
     """
     check_module(model)
+    check_real(model)
     every = check_count(every, "every", 1)
     names = check_formats(formats)
     check_choice(on_nonfinite, "on_nonfinite", ON_NONFINITE)

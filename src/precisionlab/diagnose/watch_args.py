@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_optimizer", "check_scaler", "unwrap"]
+__all__ = ["check_optimizer", "check_real", "check_scaler", "unwrap"]
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -46,3 +46,12 @@ def check_scaler(scaler) -> None:
                                       for a in ("get_scale", "update", "is_enabled")):
         raise ValueError("scaler must be a torch.amp.GradScaler (get_scale, update, is_enabled) "
                          f"or None; got scaler={type(scaler).__name__}")
+
+
+def check_real(model) -> None:
+    """Raise ValueError if model has a complex parameter (the formats counted are real)."""
+    cplx = [n for n, p in unwrap(model).named_parameters() if p.is_complex()]
+    if cplx:
+        raise ValueError(f"model has complex parameters ({', '.join(cplx[:3])}): watch counts "
+                         "real formats only; watch a model with real parameters (a complex "
+                         "one as its real and imaginary parts, torch.view_as_real)")

@@ -225,3 +225,44 @@ def test_the_loss_is_the_mean_over_balls_not_lanes():
     assert run.loss.tolist() == [(0.25 + 1 + 4) / 3] * 2
     run = world.rollout(World(fmt="float64", g=0.0), [[0.5, 1.0, 2.0]], [1.0, 1.5], 1, loss="mean_height")
     assert run.loss.tolist() == [3.5 / 3] * 2
+
+
+# --------------------------------------------------------------------------- several horizons
+
+
+@pytest.mark.parametrize("policy", world.POLICIES)
+def test_one_unroll_for_several_horizons_matches_the_oracle_at_each(policy):
+    kw = {"policy": policy, "tol": 2e-3}
+    horizons = [45, 9, 23, 9, 1]  # any order, a repeat, the first contact step itself
+    runs = world.rollouts(World(fmt="bfloat16", **kw), [Y0], KS, horizons, v0=-1.3,
+                          loss="height")
+    assert [len(r.iterations) for r in runs] == horizons
+    for T, run in zip(horizons, runs, strict=True):
+        _check(run, _oracle(Y0, -1.3, KS, T, **kw))
+
+
+@pytest.mark.parametrize("loss", ["penetration", "height", "mean_height"])
+@pytest.mark.parametrize("kw", [{"policy": "hysteresis", "reduce_fmt": "bfloat16"},
+                                {"policy": "per_instance"},
+                                {"contact": "penalty", "damping": 20.0}])
+def test_several_horizons_are_each_rollout_bit_for_bit(loss, kw):
+    w = World(fmt="float32", tol=1e-3, **kw)
+    y0 = np.random.default_rng(3).uniform(0.05, 1.2, (3, 5))
+    k = [1500.0, 2500.0, 900.0] if kw.get("contact") else [0.8, 1.0, 1.3]
+    horizons = [60, 7, 31]
+    for T, got in zip(horizons, world.rollouts(w, y0, k, horizons, loss=loss), strict=True):
+        want = world.rollout(w, y0, k, T, loss=loss)
+        for name in want.__dataclass_fields__:
+            a, b = getattr(want, name), getattr(got, name)
+            if isinstance(a, np.ndarray):
+                assert a.shape == b.shape and a.dtype == b.dtype, name
+                assert (a == b).all() if a.dtype == object else a.tobytes() == b.tobytes(), name
+            else:
+                assert a == b, name
+
+
+@pytest.mark.parametrize("horizons, match", [([], "at least one"), (5, "list of step counts"),
+                                             ("12", "list of step counts"), ([10, 0], "T")])
+def test_rollouts_rejects_bad_horizons(horizons, match):
+    with pytest.raises(ValueError, match=match):
+        world.rollouts(World(), [0.5], 1.0, horizons)

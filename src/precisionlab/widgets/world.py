@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import numpy as np
 from matplotlib.figure import Figure
 
 from ..checks import check_real
 from ..plotting import plot_solver_passes
-from ..world import World, rollout
+from ..world import World, rollouts
 from .frames import interactive
 from .view import TextPanel, view_figure
 
@@ -28,15 +31,31 @@ def world_view(tol: float = 1e-3, policy: str = "low_precision", horizon: int = 
                reduce_fmt="bfloat16", scenes: int = 16, balls: int = 16,
                seed: int = 0) -> tuple[TextPanel, Figure]:
     """scenes x balls float32 drops: solver passes of stopping rule `policy` with reduce_fmt vs float32 sums."""
+    return _world_view(None, tol, policy, horizon, reduce_fmt, scenes, balls, seed)
+
+
+def _world_view(cache: dict | None, tol, policy, horizon, reduce_fmt, scenes, balls, seed):
+    """world_view; with a cache (a dict), one unroll per setting serves every grid horizon."""
     steps = int(horizon) if not isinstance(horizon, bool) and float(horizon) == int(horizon) else 0
     if steps < 1:
         raise ValueError(f"horizon must be a whole number of steps >= 1; got horizon={horizon!r}")
     y0 = world_scenes(scenes, balls, seed)
     low = World(fmt="float32", reduce_fmt=reduce_fmt, policy=policy, tol=check_real(tol, "tol"))
     wide = low.with_(reduce_fmt="float32")
-    run = rollout(low, y0, 1.0, steps, loss="height")
     sums = policy in ("low_precision", "hysteresis") and low.accumulator != wide.accumulator
-    same = rollout(wide, y0, 1.0, steps, loss="height") if sums else run
+    horizons = [steps]
+    if cache is not None and steps in WORLD_GRID["horizon"]:
+        horizons = list(WORLD_GRID["horizon"])  # the steps to T do not depend on the horizon
+    key = (low, tuple(horizons), scenes, balls, seed)
+    if cache is None or key not in cache:
+        runs = rollouts(low, y0, 1.0, horizons, loss="height")
+        sames = rollouts(wide, y0, 1.0, horizons, loss="height") if sums else runs
+        got = dict(zip(horizons, zip(runs, sames, strict=True), strict=True))
+        if cache is not None:
+            cache[key] = got
+    else:
+        got = cache[key]
+    run, same = got[steps]
     differ = np.flatnonzero((run.iterations != same.iterations).any(axis=0))
     scale = np.abs(same.grad).max()
     rel = float(np.abs(run.grad - same.grad).max() / scale) if scale > 0 else 0.0
@@ -62,4 +81,15 @@ def world_view(tol: float = 1e-3, policy: str = "low_precision", horizon: int = 
 
 def world_explorer(tol: float = 1e-3, policy: str = "low_precision", horizon: int = 120):
     """interactive(world_view, WORLD_GRID, ...): stopping policy x horizon, at a fixed tolerance."""
-    return interactive(world_view, WORLD_GRID, tol=tol, policy=policy, horizon=horizon)
+    cache: dict = {}  # this explorer's unrolls, one per setting (not shared between explorers)
+
+    @functools.wraps(world_view)
+    def view(*args, **kwargs):
+        b = _SIGNATURE.bind(*args, **kwargs)
+        b.apply_defaults()
+        return _world_view(cache, **b.arguments)
+
+    return interactive(view, WORLD_GRID, tol=tol, policy=policy, horizon=horizon)
+
+
+_SIGNATURE = inspect.signature(world_view)

@@ -48,7 +48,7 @@ the loss and its gradient with respect to k.
 Files, one concept each: `model` (World, its input checks, the Rollout log), `dynamics` (one
 step's rounded arithmetic: penetration, contact force, Euler integration), `solver` (the
 projection solve, its reduction-ordered stopping rule and the exact decision), `rollout`
-(rollout, finite_difference), `boundary` (sums one ulp below tol, the solves they flip,
+(rollout, rollouts, finite_difference), `boundary` (sums one ulp below tol, the solves they flip,
 coalesce, first-contact steps one ulp apart), `stiffness` (stiffness against step size,
 horizon sensitivity), `autocast` (a real torch.autocast pathway).
 """
@@ -65,7 +65,7 @@ from .boundary import (
 )
 from .dynamics import softplus
 from .model import CONTACTS, INTEGRATORS, LOSSES, POLICIES, STOPS, Rollout, World
-from .rollout import finite_difference, rollout
+from .rollout import finite_difference, rollout, rollouts
 from .stiffness import StiffnessMap, horizon_sensitivity, stiffness_map
 
 __all__ = [
@@ -86,6 +86,7 @@ __all__ = [
     "first_contact_steps",
     "horizon_sensitivity",
     "rollout",
+    "rollouts",
     "side_by_side",
     "softplus",
     "stiffness_map",

@@ -46,7 +46,24 @@ def rollout(world: World, y0, k, T: int, v0=0.0, loss: str = "penetration",
     differentiable map applied to k before the simulator uses it (for example
     emulate.fake_quantize); the gradient is still taken with respect to k.
     """
-    T = check_count(T, "T")
+    return rollouts(world, y0, k, [T], v0=v0, loss=loss, target=target,
+                    k_transform=k_transform)[0]
+
+
+def rollouts(world: World, y0, k, horizons, v0=0.0, loss: str = "penetration",
+             target: float = 0.0, k_transform=None) -> list[Rollout]:
+    """[rollout(world, y0, k, T, ...) for T in horizons], bit for bit, from one unroll to max(horizons).
+
+    The steps up to T do not depend on the horizon, so one unroll serves every T; the loss
+    and dL/dk of each T are taken when the unroll reaches step T (its graph kept for the
+    later ones). horizons: step counts >= 1, in any order, repeats allowed.
+    """
+    if isinstance(horizons, (str, bytes)) or not hasattr(horizons, "__iter__"):
+        raise ValueError(f"horizons must be a list of step counts; got horizons={horizons!r}")
+    wanted = [check_count(T, "T") for T in horizons]
+    if not wanted:
+        raise ValueError("horizons must hold at least one step count; got []")
+    T = max(wanted)
     check_choice(loss, "loss", LOSSES)
     target = check_real(target, "target")
     y_np, v_np, k_np = _lanes(y0, v0, k)
@@ -61,6 +78,28 @@ def rollout(world: World, y0, k, T: int, v0=0.0, loss: str = "penetration",
     if world.contact == "projection":
         c = r(world.alpha * kb)
     engaged = np.full(lanes, bool(world.start_engaged))
+
+    done = {}
+
+    def _finish(y, p_end, contact, last):
+        """(loss, dL/dk, whether L depends on k, first_contact) at the step reached."""
+        if loss == "penetration":
+            per_ball = p_end * p_end
+        elif loss == "height":
+            d = y - target
+            per_ball = d * d
+        else:
+            per_ball = y
+        loss_lanes = fixed_sum(per_ball, dim=-1) / n
+        needs = bool(loss_lanes.requires_grad)
+        grad = np.zeros(lanes)
+        if needs:
+            (g,) = torch.autograd.grad(loss_lanes, k_leaf,
+                                       grad_outputs=torch.ones_like(loss_lanes),
+                                       allow_unused=True, retain_graph=not last)
+            if g is not None:
+                grad = g.detach().numpy().copy()
+        return loss_lanes.detach().numpy().copy(), grad, needs, contact
 
     heights, vels, pens = [y.detach().numpy().copy()], [v.detach().numpy().copy()], []
     free, touch = [], []
@@ -102,28 +141,22 @@ def rollout(world: World, y0, k, T: int, v0=0.0, loss: str = "penetration",
         heights.append(y.detach().numpy().copy())
         vels.append(v.detach().numpy().copy())
         pens.append(p_end.detach().numpy().copy())
+        if t + 1 in wanted:
+            done[t + 1] = _finish(y, p_end, first_contact.copy(), t + 1 == T)
 
-    if loss == "penetration":
-        per_ball = p_end * p_end
-    elif loss == "height":
-        d = y - target
-        per_ball = d * d
-    else:
-        per_ball = y
-    loss_lanes = fixed_sum(per_ball, dim=-1) / n
-    needs = bool(loss_lanes.requires_grad)
-    grad = np.zeros(lanes)
-    if needs:
-        (g,) = torch.autograd.grad(loss_lanes, k_leaf, grad_outputs=torch.ones_like(loss_lanes),
-                                   allow_unused=True)
-        if g is not None:
-            grad = g.detach().numpy().copy()
-    return Rollout(world=world, heights=np.stack(heights), velocities=np.stack(vels),
-                   free_velocities=np.stack(free), penetration=np.stack(pens), iterations=iters, stop=stops, margin=margin,
-                   first_margin=first_margin, flips=flips, first_contact=first_contact,
-                   touching=np.stack(touch),
-                   loss=loss_lanes.detach().numpy().copy(), grad=grad, loss_requires_grad=needs,
-                   k=k_np)
+    heights, vels, pens = np.stack(heights), np.stack(vels), np.stack(pens)
+    free, touch = np.stack(free), np.stack(touch)
+    out = []
+    for h in wanted:
+        loss_h, grad, needs, contact = done[h]
+        out.append(Rollout(world=world, heights=heights[:h + 1].copy(),
+                           velocities=vels[:h + 1].copy(), free_velocities=free[:h].copy(),
+                           penetration=pens[:h].copy(), iterations=iters[:h].copy(),
+                           stop=stops[:h].copy(), margin=margin[:h].copy(),
+                           first_margin=first_margin[:h].copy(), flips=flips[:h].copy(),
+                           first_contact=contact.copy(), touching=touch[:h].copy(), loss=loss_h.copy(),
+                           grad=grad.copy(), loss_requires_grad=needs, k=k_np.copy()))
+    return out
 
 
 def finite_difference(world: World, y0, k: float, T: int, dk: float, v0=0.0,

@@ -302,3 +302,26 @@ def test_a_model_with_complex_parameters_is_refused_by_name():
             self.w = nn.Parameter(torch.ones(2, dtype=torch.complex64))
     with pytest.raises(ValueError, match=r"complex parameters \(w\).*view_as_real"):
         diagnose.watch(Complex())
+
+
+def test_a_skipped_step_whose_inf_came_from_an_autocast_forward_is_explained_by_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 4))
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    xs = [torch.randn(8, 4) for _ in range(5)]
+    xs[3] = xs[3] * 1e5  # past 65504: autocast's float16 copy of the batch is inf
+    with diagnose.watch(model, every=100, scaler=scaler, optimizer=sgd) as w:
+        for x in xs:
+            sgd.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(x).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(sgd)
+            scaler.update()
+    assert not bool(torch.isfinite(xs[3].half()).all())  # the oracle: torch's own cast
+    (skip,) = w.report.skips
+    assert (skip.step, skip.scale, skip.new_scale) == (3, 256.0, 128.0)
+    assert (skip.event.step, skip.event.phase, skip.event.op, skip.event.mechanism) == (
+        3, "forward", "0: linear#0", "overflow")
+    assert "first in the forward: 0: linear#0 (overflow" in skip.describe()

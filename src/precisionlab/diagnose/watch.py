@@ -470,7 +470,7 @@ class Watch:
                     if k:
                         name, bad = n, k
                         break
-            ev = next((e for e in self._step_events if e.phase == "backward"), None)
+            ev = next(iter(self._step_events), None)  # a forward inf reaches the gradients
             self._skips.append(SkippedStep(s, skip[0], skip[1], name, bad, ev))
             self._log.rows([self._skips[-1].to_dict()])
         if scale is not None:

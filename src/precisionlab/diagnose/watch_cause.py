@@ -187,8 +187,14 @@ def forward_mechanism(name: str, args: tuple, kwargs: dict, out: torch.Tensor,
         kind = "nonfinite_weight" if any(id(t) in params for t in bad) else "nonfinite_input"
         r = tensor_range(bad[0], "input")
         return kind, f"{name}'s input {list(r.shape)} holds {r.nan} NaN and {r.inf} inf"
+    top = torch.finfo(out.dtype).max
+    wide = [t for t in ins if t.dtype.itemsize > out.dtype.itemsize]
+    amax = max((tensor_range(t, "").amax for t in wide), default=0.0)
+    if amax > top:  # autocast casts the input down to out's dtype: there it overflows
+        return "overflow", (f"an input up to {amax:.3g} is past "
+                            f"{str(out.dtype).removeprefix('torch.')}'s largest finite value "
+                            f"{top:.6g}: {nan} NaN and {inf} inf out")
     if inf and not nan:
-        top = torch.finfo(out.dtype).max
         amax = max((tensor_range(t, "").amax for t in ins), default=math.nan)
         return "overflow", (f"{str(out.dtype).removeprefix('torch.')} result inf: |value| above "
                             f"{top:.6g}, from inputs up to {amax:.3g}")

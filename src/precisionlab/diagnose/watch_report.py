@@ -188,7 +188,8 @@ class NonFinite:
 @dataclass(frozen=True)
 class SkippedStep:
     """A step GradScaler skipped: the scale it ran at and the next, the first parameter whose
-    gradient is not finite (and how many entries), and the step's backward event."""
+    gradient is not finite (and how many entries), and the step's first inf/NaN (forward or
+    backward) that explains it."""
 
     step: int
     scale: float
@@ -200,7 +201,8 @@ class SkippedStep:
     def describe(self) -> str:
         """One line: which step, the scales, the tensor and the mechanism."""
         why = "" if self.event is None else (
-            f"; first in the backward: {self.event.op or self.event.module or 'the loss'} "
+            f"; first in the {self.event.phase}: "
+            f"{self.event.op or self.event.module or 'the loss'} "
             f"({MECHANISMS[self.event.mechanism][1]}, chapter {self.event.chapter})")
         return (f"step {self.step} skipped: scale {fmt_num(self.scale)} -> "
                 f"{fmt_num(self.new_scale)}; {self.tensor or 'no parameter'} has "

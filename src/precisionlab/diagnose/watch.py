@@ -5,7 +5,9 @@ torch.distributed, reduced across the ranks.
 Hooks, all reading, none writing. On a recorded step (and every step with check="modules"):
 a forward hook on every module checks each new output tensor (one `torch.aminmax`) and counts
 a leaf module's activations (`watch_counts`); a tensor hook on each output and input that
-requires grad does the same for gradients in the backward; a hook on each parameter checks its gradient. The first
+requires grad does the same for gradients in the backward; a hook on each float16/bfloat16
+parameter (each parameter under a GradScaler) checks its gradient, and the other parameters'
+.grad are checked at the step's end (one sum each). The first
 tensor of a step that is not finite is explained by `watch_cause` (forward: the module re-run
 on its saved inputs to name the torch function; the mechanism and chapter from
 `watch_report.MECHANISMS`). A gradient is blamed on the module whose backward produced it: the

@@ -17,6 +17,10 @@ Files, from the floor up:
   values against a bound).
 * `kernels` - compiled passes for whole rules built from `fused`'s steps: the operands and the
   closing of matrix products, layer / RMS norm rows, softmax rows, scaled scores, unary ends.
+* `small` - the size tier: NumPy twins of the elementwise kernels (`step`, `widen_rel`,
+  `round_out`, `add_out`, `leaf_box`, `scaled`, `unary_ends`, `inside_worst`), bit for bit,
+  for inputs of up to `NUMPY_MAX_SIZE` values, where compiling on a cold cache would cost more
+  than it saves.
 * `arith` - the interval arithmetic the rules share: outward float64 steps (`down`, `up`),
   intervals built without copies (`mk`, `bare`), rounding and widening into a format
   (`round_into`, `widen_rel`, `widen_abs`, `finish`), elements without information (`whole`,
@@ -69,7 +73,7 @@ from .arith import (
     widen_abs,
     widen_rel,
 )
-from .fused import flat, inside_worst
+from .fused import flat
 from .layers import LAYER_RULES, attention_bound, conv_bound
 from .products import (
     Leaf,
@@ -83,6 +87,7 @@ from .products import (
 )
 from .rows import softmax_rule, sum_rule
 from .rules import EXACT, FILLS, RULES, bound, supported, unary_bound
+from .small import inside_worst
 
 __all__ = [
     "ABS_SLACK",

@@ -15,7 +15,7 @@ import torch
 from ...formats import get_format
 from .. import ops
 from ..interval import Interval
-from . import fused
+from . import fused, small
 
 REL_SLACK = 2.0**-44  # relative slack around torch's float64 exp, log, erf, tanh, ...
 ABS_SLACK = 2.0**-1070  # absolute slack beside it (and per term of a product's sum)
@@ -32,7 +32,7 @@ def _step(x, sign: int) -> np.ndarray:
     """nextafter(x, sign inf) in one compiled pass; infinities stay (past every format's range)."""
     a = np.asarray(x, dtype=np.float64)
     out = np.empty(a.shape)
-    fused.step(fused.flat(a), float(sign), out.reshape(-1))
+    small.step(fused.flat(a), float(sign), out.reshape(-1))
     return out
 
 
@@ -126,7 +126,7 @@ def round_into(x: Interval, fmt: str) -> Interval:
     if lo.shape != hi.shape:
         lo, hi = np.broadcast_arrays(lo, hi)
     out_lo, out_hi = np.empty(lo.shape), np.empty(lo.shape)
-    if fused.round_out(fused.flat(lo), fused.flat(hi), *rounding(fmt), out_lo.reshape(-1),
+    if small.round_out(fused.flat(lo), fused.flat(hi), *rounding(fmt), out_lo.reshape(-1),
                        out_hi.reshape(-1)):
         return bare(out_lo, out_hi)
     return mk(out_lo, out_hi)
@@ -140,7 +140,7 @@ def widen_rel(x: Interval, ulps: float, fmt: str, ftz: bool = False) -> Interval
     if lo.shape != hi.shape:
         lo, hi = np.broadcast_arrays(lo, hi)
     out_lo, out_hi = np.empty(lo.shape), np.empty(lo.shape)
-    if fused.widen_rel(fused.flat(lo), fused.flat(hi), float(ulps), f.eps, f.min_subnormal,
+    if small.widen_rel(fused.flat(lo), fused.flat(hi), float(ulps), f.eps, f.min_subnormal,
                        f.min_normal if ftz else 0.0, out_lo.reshape(-1), out_hi.reshape(-1)):
         return bare(out_lo, out_hi)
     return mk(out_lo, out_hi)
@@ -206,7 +206,7 @@ def leaf(t: torch.Tensor, other: torch.Tensor | None = None) -> Interval:
     lo, hi = np.empty(tuple(t.shape)), np.empty(tuple(t.shape))
     flo, fhi = lo.reshape(-1), hi.reshape(-1)
     for join, x in enumerate((t, other) if other is not None else (t,)):
-        fused.leaf_box(fused.flat(_np(x)), *_leaf_args(x.dtype), bool(join), flo, fhi)
+        small.leaf_box(fused.flat(_np(x)), *_leaf_args(x.dtype), bool(join), flo, fhi)
     return mk(lo, hi)
 
 
@@ -224,7 +224,7 @@ def leaf_pairs(pairs: list) -> list:
         lo, hi = np.empty(n), np.empty(n)
         for join, (parts, d) in enumerate(((ts, dt), (os_, do))):
             v = _np(torch.cat(parts) if len(parts) > 1 else parts[0])
-            fused.leaf_box(fused.flat(v), *_leaf_args(d), bool(join), lo, hi)
+            small.leaf_box(fused.flat(v), *_leaf_args(d), bool(join), lo, hi)
         ok = bool((lo <= hi).all())  # else a NaN: each part through `mk`
         at = 0
         for i, t in zip(idx, ts, strict=True):

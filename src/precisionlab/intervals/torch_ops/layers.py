@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from ...formats import get_format
 from .. import ops
 from ..interval import Interval
-from . import fused, kernels, products
+from . import fused, products, small
 from .arith import (
     UnsupportedOperation,
     arg,
@@ -201,8 +201,8 @@ def attention_bound(q, k, v, mask, get, causal: bool, scale, fmt: str, cpu: bool
         tiny = q.shape[-1] * f.min_subnormal * (1 + _amax(q) + _amax(k))
         tiny = tiny * max(1.0, math.sqrt(abs(scale)))
     lo, hi = np.empty(s.shape), np.empty(s.shape)  # times the scale (rules' `_mul_iv`), one pass
-    kernels.scaled(fused.flat(s.lo), fused.flat(s.hi), min(sc), max(sc), lo.reshape(-1),
-                   hi.reshape(-1))
+    small.scaled(fused.flat(s.lo), fused.flat(s.hi), min(sc), max(sc), lo.reshape(-1),
+                 hi.reshape(-1))
     s = finish(mk(lo, hi), inner, 1.0)
     if tiny:
         s = widen_abs(s, tiny)

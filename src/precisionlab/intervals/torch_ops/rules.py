@@ -47,7 +47,7 @@ import torch
 from ...formats import get_format
 from .. import ops
 from ..interval import Interval
-from . import fused, kernels
+from . import fused, small
 from .arith import (
     ABS_SLACK,
     REL_SLACK,
@@ -228,9 +228,9 @@ def unary_bound(x: Interval, fn, fmt: str, ulps: float, kind: int, xmin: float =
         fmin = _at(fn, xmin)
         fminv = fmin - abs(fmin) * 1e-6  # fmin's location is rounded
     a, b = np.empty(lo.shape), np.empty(lo.shape)
-    kernels.unary_ends(fused.flat(lo), fused.flat(hi), fused.flat(fa), fused.flat(fb), kind,
-                       float(xmin), fminv, REL_SLACK, ABS_SLACK, float(absc), a.reshape(-1),
-                       b.reshape(-1))
+    small.unary_ends(fused.flat(lo), fused.flat(hi), fused.flat(fa), fused.flat(fb), kind,
+                     float(xmin), fminv, REL_SLACK, ABS_SLACK, float(absc), a.reshape(-1),
+                     b.reshape(-1))
     y = finish(mk(a, b), fmt, ulps)
     if over < math.inf:
         y = mk(y.lo, np.where(hi >= over, np.inf, y.hi))
@@ -303,7 +303,7 @@ def _add_fused(A: Interval, B: Interval, minus: bool, fmt: str) -> Interval | No
     if not (alo.shape == ahi.shape == blo.shape == bhi.shape):
         alo, ahi, blo, bhi = np.broadcast_arrays(alo, ahi, blo, bhi)
     lo, hi = np.empty(alo.shape), np.empty(alo.shape)
-    ok = fused.add_out(*(fused.flat(z) for z in (alo, ahi, blo, bhi)), minus, *rounding(fmt),
+    ok = small.add_out(*(fused.flat(z) for z in (alo, ahi, blo, bhi)), minus, *rounding(fmt),
                        lo.reshape(-1), hi.reshape(-1))
     if ok < 0:
         return None

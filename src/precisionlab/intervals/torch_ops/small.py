@@ -1,0 +1,207 @@
+"""NumPy twins of `fused`'s elementwise kernels for small inputs, and the size tier that picks
+between them. Compiling a kernel on a cold cache costs 0.2-2.5 s, which pays only where the
+arrays are large: below `NUMPY_MAX_SIZE` values each kernel here takes NumPy steps that give
+the compiled kernel's float64 values bit for bit (nextafter, `rounding.round_to`'s NumPy tier,
+the same IEEE operations in the same order; tests/test_intervals_small.py checks each against
+the compiled kernel on edge values at sizes on both sides of the tier). The tier depends on the
+input's size only, never on what ran before, so a result does not depend on the call history.
+Each function takes the arguments of its `fused` namesake and returns what it returns."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...formats import FORMATS
+from ...rounding import round_to
+from . import fused, kernels
+
+NUMPY_MAX_SIZE = 1 << 15  # up to this many values: NumPy (no compile); above: numba
+_MAX64 = np.finfo(np.float64).max
+
+
+def numpy_tier(n: int) -> bool:
+    """Whether an input of n values takes the NumPy path (the tier depends on n only)."""
+    return n <= NUMPY_MAX_SIZE
+
+
+def _nxt(x: np.ndarray, sign: float) -> np.ndarray:
+    """`fused.nxt` elementwise: np.nextafter toward sign inf, infinities and NaN kept."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = np.nextafter(x, -np.inf if sign < 0 else np.inf)
+        return np.where(x - x == 0, y, x)
+
+
+def _outward(lo: np.ndarray, hi: np.ndarray, mbits: int, emin: int, top: float,
+             q: float) -> bool:
+    """`fused.outward`: lo rounded down, hi up in place (mbits < 0: kept); whether all lo <= hi.
+    The format is the one `arith.rounding` describes by (mbits, emin, top, q)."""
+    if mbits >= 0:
+        fmt = _format(mbits, emin, top)
+        with np.errstate(over="ignore", invalid="ignore"):
+            lo[...] = round_to(lo, fmt, "down", compiled=False)
+            hi[...] = round_to(hi, fmt, "up", compiled=False)
+    return bool((lo <= hi).all())
+
+
+def _format(mbits: int, emin: int, top: float) -> str:
+    """The name of the registered format with inf of mbits fraction bits, smallest normal
+    exponent emin and largest finite top (those `arith.rounding` describes)."""
+    for f in FORMATS.values():
+        if f.has_inf and (f.mantissa_bits, f.emin, f.max_finite) == (mbits, emin, top):
+            return f.name
+    raise ValueError(f"(mbits, emin, top) = {(mbits, emin, top)!r}: no registered format with "
+                     "inf has these; pass the arguments of arith.rounding(fmt)")
+
+
+def step(a, sign, out):
+    """`fused.step`: out = nextafter(a, sign inf) elementwise, infinities kept."""
+    if not numpy_tier(a.size):
+        return fused.step(a, sign, out)
+    out[...] = _nxt(a, sign)
+    return None
+
+
+def _widen1(a: np.ndarray, sign: float, ulps: float, eps: float, q: float) -> np.ndarray:
+    """`fused.widen1` elementwise."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = _nxt(eps * np.abs(a), 1.0)
+        e = _nxt(ulps * np.where((e > q) | (e != e), e, q), 1.0)
+        y = _nxt(a + sign * e, sign)
+        return np.where((a - a != 0) & (a == a), a, y)
+
+
+def widen_rel(lo, hi, ulps, eps, q, nmin, out_lo, out_hi):
+    """`fused.widen_rel`: relative widening, then for nmin > 0 ends in (0, nmin) to 0; whether
+    all out_lo <= out_hi."""
+    if not numpy_tier(lo.size):
+        return fused.widen_rel(lo, hi, ulps, eps, q, nmin, out_lo, out_hi)
+    x, y = _widen1(lo, -1.0, ulps, eps, q), _widen1(hi, 1.0, ulps, eps, q)
+    if nmin > 0:
+        x = np.where((x > 0) & (x < nmin), 0.0, x)
+        y = np.where((y < 0) & (y > -nmin), 0.0, y)
+    out_lo[...], out_hi[...] = x, y
+    return bool((x <= y).all())
+
+
+def round_out(lo, hi, mbits, emin, top, q, out_lo, out_hi):
+    """`fused.round_out`: [RD(lo), RU(hi)] into the format; whether every out_lo <= out_hi."""
+    if not numpy_tier(lo.size):
+        return fused.round_out(lo, hi, mbits, emin, top, q, out_lo, out_hi)
+    out_lo[...], out_hi[...] = lo, hi
+    return _outward(out_lo, out_hi, mbits, emin, top, q)
+
+
+def add_out(alo, ahi, blo, bhi, minus, mbits, emin, top, q, out_lo, out_hi):
+    """`fused.add_out`: the sum (difference when minus) of finite ends stepped outward, an
+    overflowed end +-max64, rounded outward into the format: 1 when every lo <= hi, 0 when not,
+    -1 (nothing usable written) when an end is not finite."""
+    if not numpy_tier(alo.size):
+        return fused.add_out(alo, ahi, blo, bhi, minus, mbits, emin, top, q, out_lo, out_hi)
+    x, y = (-bhi, -blo) if minus else (blo, bhi)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if not ((alo - alo == 0) & (ahi - ahi == 0) & (x - x == 0) & (y - y == 0)).all():
+            return -1
+        a, b = _nxt(alo + x, -1.0), _nxt(ahi + y, 1.0)
+    out_lo[...] = np.where(a == np.inf, _MAX64, a)
+    out_hi[...] = np.where(b == -np.inf, -_MAX64, b)
+    return int(_outward(out_lo, out_hi, mbits, emin, top, q))
+
+
+def leaf_box(v, emin, mbits, half0, join, out_lo, out_hi):
+    """`fused.leaf_box`: v -+ half an ulp of v in the format (mbits < 0: v itself); join: the
+    hull with [out_lo, out_hi], NaN propagating."""
+    if not numpy_tier(v.size):
+        return fused.leaf_box(v, emin, mbits, half0, join, out_lo, out_hi)
+    a = b = v
+    if mbits >= 0:
+        e = ((v.view(np.int64) >> 52) & 2047) - 1023
+        half = ((np.maximum(e, emin) - mbits - 1 + 1023) << 52).view(np.float64)
+        h = np.where(v == 0, half0, half)
+        with np.errstate(over="ignore", invalid="ignore"):
+            fin = v - v == 0
+            a, b = np.where(fin, v - h, v), np.where(fin, v + h, v)
+    if join:  # np.minimum / np.maximum (c, a): NaN propagates, a tie gives the second
+        c, d = out_lo, out_hi
+        a = np.where((a != a) | (c != c), np.nan, np.where(c < a, c, a))
+        b = np.where((b != b) | (d != d), np.nan, np.where(d > b, d, b))
+    out_lo[...], out_hi[...] = a, b
+    return None
+
+
+def _outward1(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`kernels._outward1` elementwise: (lo, hi) stepped outward, a NaN end the whole line."""
+    a, b = _nxt(lo, -1.0), _nxt(hi, 1.0)
+    nan = (a != a) | (b != b)
+    return np.where(nan, -np.inf, a), np.where(nan, np.inf, b)
+
+
+def _pymax(a, b):
+    """Python's (and numba's) max(a, b): b where b > a, else a (NaN and ties as they give)."""
+    return np.where(b > a, b, a)
+
+
+def _pymin(a, b):
+    """Python's (and numba's) min(a, b): b where b < a, else a."""
+    return np.where(b < a, b, a)
+
+
+def scaled(lo, hi, c_lo, c_hi, out_lo, out_hi):
+    """`kernels.scaled`: [lo, hi] times [c_lo, c_hi], the four corner products stepped outward,
+    a NaN product the whole line."""
+    if not numpy_tier(lo.size):
+        return kernels.scaled(lo, hi, c_lo, c_hi, out_lo, out_hi)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        c1, c2, c3, c4 = lo * c_lo, lo * c_hi, hi * c_lo, hi * c_hi
+        a = _nxt(_pymin(_pymin(c1, c2), _pymin(c3, c4)), -1.0)
+        b = _nxt(_pymax(_pymax(c1, c2), _pymax(c3, c4)), 1.0)
+    nan = (c1 != c1) | (c2 != c2) | (c3 != c3) | (c4 != c4)
+    out_lo[...], out_hi[...] = np.where(nan, -np.inf, a), np.where(nan, np.inf, b)
+    return None
+
+
+def unary_ends(lo, hi, fa, fb, kind, xmin, fminv, rel, tiny, absc, out_lo, out_hi):
+    """`kernels.unary_ends`: a unary function's bound over [lo, hi] from fa = f(lo), fb = f(hi)
+    (kind 0: increasing, 1: decreasing, 2: unimodal with fminv at xmin), widened by rel and
+    tiny, then by absc max|x| (absc > 0), stepped outward."""
+    if not numpy_tier(lo.size):
+        return kernels.unary_ends(lo, hi, fa, fb, kind, xmin, fminv, rel, tiny, absc, out_lo,
+                                  out_hi)
+    u, v = fa, fb
+    with np.errstate(over="ignore", invalid="ignore"):
+        if kind == 0:
+            lw, h = u, v
+        elif kind == 1:
+            lw, h = v, u
+        else:
+            nan = (u != u) | (v != v)
+            lw = np.where(nan, np.nan, np.where(u < v, u, v))
+            h = np.where(nan, np.nan, np.where(u > v, u, v))
+            lw = np.where((lo <= xmin) & (hi >= xmin), fminv, lw)
+        x, y = _outward1(lw - np.abs(lw) * rel - tiny, h + np.abs(h) * rel + tiny)
+        if absc > 0:
+            r = absc * _pymax(np.abs(lo), np.abs(hi))
+            x, y = _outward1(x - r, y + r)
+    out_lo[...], out_hi[...] = x, y
+    return None
+
+
+def inside_worst(lo, hi, ref, tgt, keep, h_lo, h_hi):
+    """`fused.inside_worst`: (flat index, margin, width) of the entry whose values sit least
+    inside [lo, hi] relative to its half width; (-1, 0, 0) if a value is outside or NaN; keep:
+    h_lo, h_hi <- min(ref, tgt), max(ref, tgt) (NaN propagating, a tie giving ref)."""
+    if lo.size == 0 or not numpy_tier(lo.size):
+        return fused.inside_worst(lo, hi, ref, tgt, keep, h_lo, h_hi)
+    a, b = ref.astype(np.float64), tgt.astype(np.float64)
+    if keep:
+        nan = (a != a) | (b != b)
+        h_lo[...] = np.where(nan, np.nan, np.where(b < a, b, a))
+        h_hi[...] = np.where(nan, np.nan, np.where(b > a, b, a))
+    if not ((a >= lo) & (a <= hi) & (b >= lo) & (b <= hi)).all():
+        return -1, 0.0, 0.0
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        d1, d2 = a - lo, hi - a
+        m = np.where((d1 != d1) | (d2 != d2), np.nan, np.where(d1 < d2, d1, d2))
+        x = m / ((hi - lo) / 2)
+        best = int(np.argmin(np.where(x < np.inf, x, np.inf)))  # the first smallest
+        w = hi[best] - lo[best]
+    return best, float(m[best]), float(w)

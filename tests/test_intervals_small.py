@@ -1,0 +1,207 @@
+"""The NumPy tier of the torch-operation rules' elementwise kernels (intervals/torch_ops/small.py)
+gives the compiled kernels' (fused.py) float64 values and return values bit for bit, on hard
+values (signed zeros, subnormals, +-inf, NaN, ties of each format, values past each format's
+largest finite, float64's largest, huge gaps, empty intervals) at sizes on both sides of the
+tier, and the tier depends on the input's size only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from precisionlab.formats import get_format
+from precisionlab.intervals.torch_ops import arith, fused, kernels, small
+
+FORMATS = ("float64", "float32", "tf32", "bfloat16", "float16", "float8_e5m2")
+SIZES = (1, 7, 130, small.NUMPY_MAX_SIZE, small.NUMPY_MAX_SIZE + 1)
+
+
+def hard_values(seed: int) -> np.ndarray:
+    """Edge values of every format, their neighbours and halfway points, and random bits."""
+    rng = np.random.default_rng(seed)
+    with np.errstate(over="ignore"):
+        return _hard_values(rng)
+
+
+def _hard_values(rng) -> np.ndarray:
+    base = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, 1.5, 2.0**-1074, 2.0**-1022,
+            np.finfo(np.float64).max, 1e300, 1e-300]
+    for name in FORMATS:
+        f = get_format(name)
+        for v in (f.max_finite, f.min_normal, f.min_subnormal, f.eps):
+            base += [v, v * (1 + f.eps / 2), v * (1 + f.eps), v * (1 - f.eps / 4), v / 2,
+                     v * 2, 1 + f.eps / 2, 1 + 3 * f.eps / 2]
+    base = np.array(base)
+    base = np.concatenate([base, -base, np.nextafter(base, np.inf), np.nextafter(base, -np.inf)])
+    bits = rng.integers(-2**63, 2**63 - 1, 256, dtype=np.int64, endpoint=True).view(np.float64)
+    mags = rng.uniform(-1, 1, 256) * 2.0 ** rng.integers(-1080, 1030, 256)
+    return np.concatenate([base, bits, mags])
+
+
+def sized(n: int, seed: int) -> np.ndarray:
+    """n hard values (tiled and shuffled)."""
+    v = hard_values(seed)
+    return np.random.default_rng(seed + 1).permutation(np.resize(v, max(n, 1)))[:n].copy()
+
+
+def same_bits(a, b) -> bool:
+    """Equal float64 arrays bit for bit (any NaN equals any NaN)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    nan = np.isnan(a)
+    return bool(np.array_equal(nan, np.isnan(b))
+                and np.array_equal(a[~nan].view(np.int64), b[~nan].view(np.int64)))
+
+
+def pair(n: int, seed: int, finite: bool = False):
+    """(lo, hi): mostly ordered ends, some empty (lo > hi) and some NaN."""
+    a, b = sized(n, seed), sized(n, seed + 7)
+    if finite:
+        a, b = (np.where(np.isfinite(z), z, 1.0) for z in (a, b))
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    swap = np.random.default_rng(seed).random(n) < 0.1  # empty intervals
+    lo[swap], hi[swap] = hi[swap], lo[swap]
+    return np.ascontiguousarray(lo), np.ascontiguousarray(hi)
+
+
+def run_both(name, *args, n):
+    """The small-tier function and the compiled kernel on copies of args with fresh outputs;
+    (their return values, their outputs)."""
+    outs = []
+    for fn in (getattr(small, name), getattr(fused, name, None) or getattr(kernels, name)):
+        o1, o2 = np.full(n, 3.25), np.full(n, -3.25)
+        r = fn(*[a.copy() if isinstance(a, np.ndarray) else a for a in args], o1, o2)
+        outs.append((r, o1, o2))
+    return outs
+
+
+def test_the_tier_depends_on_the_input_size_only():
+    assert small.numpy_tier(small.NUMPY_MAX_SIZE) and not small.numpy_tier(
+        small.NUMPY_MAX_SIZE + 1)
+    assert small.numpy_tier(1) == small.numpy_tier(1)  # no state: the same answer again
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("sign", [-1.0, 1.0])
+def test_step_matches_the_kernel(n, sign):
+    a = sized(n, n)
+    o1, o2 = np.empty(n), np.empty(n)
+    small.step(a, sign, o1)
+    fused.step(a, sign, o2)
+    assert same_bits(o1, o2)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("ftz", [False, True])
+def test_widen_rel_matches_the_kernel(n, fmt, ftz):
+    f = get_format(fmt)
+    lo, hi = pair(n, n + 1)
+    for ulps in (0.5, 1.0, 3.0):
+        (r1, a1, b1), (r2, a2, b2) = run_both(
+            "widen_rel", lo, hi, ulps, f.eps, f.min_subnormal, f.min_normal if ftz else 0.0, n=n)
+        assert r1 == r2 and same_bits(a1, a2) and same_bits(b1, b2)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_out_matches_the_kernel(n, fmt):
+    lo, hi = pair(n, n + 2)
+    (r1, a1, b1), (r2, a2, b2) = run_both("round_out", lo, hi, *arith.rounding(fmt), n=n)
+    assert r1 == r2 and same_bits(a1, a2) and same_bits(b1, b2)
+    ordered = (lo <= hi).all()
+    assert r1 == ordered or not ordered  # an ordered box stays ordered
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("minus", [False, True])
+def test_add_out_matches_the_kernel(n, fmt, minus):
+    alo, ahi = pair(n, n + 3, finite=True)
+    blo, bhi = pair(n, n + 4, finite=True)
+    (r1, a1, b1), (r2, a2, b2) = run_both("add_out", alo, ahi, blo, bhi, minus,
+                                          *arith.rounding(fmt), n=n)
+    assert r1 == r2 and r1 >= 0 and same_bits(a1, a2) and same_bits(b1, b2)
+    # an end that is not finite: both refuse (-1)
+    ahi[n // 2] = np.inf
+    (r1, *_), (r2, *_) = run_both("add_out", alo, ahi, blo, bhi, minus,
+                                  *arith.rounding(fmt), n=n)
+    assert r1 == r2 == -1
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("fmt", (*FORMATS, "int"))
+@pytest.mark.parametrize("join", [False, True])
+def test_leaf_box_matches_the_kernel(n, fmt, join):
+    if fmt == "int":
+        emin, mbits, half0 = 0, -1, 0.0
+    else:
+        f = get_format(fmt)
+        emin, mbits, half0 = f.emin, (-1 if fmt == "float64" else f.mantissa_bits), \
+            f.min_subnormal / 2
+    v = sized(n, n + 5)
+    c, d = pair(n, n + 6)
+    o = []
+    for fn in (small.leaf_box, fused.leaf_box):
+        lo, hi = c.copy(), d.copy()
+        fn(v, emin, mbits, half0, join, lo, hi)
+        o.append((lo, hi))
+    assert same_bits(o[0][0], o[1][0]) and same_bits(o[0][1], o[1][1])
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_scaled_matches_the_kernel(n):
+    lo, hi = pair(n, n + 8)
+    for c_lo, c_hi in ((0.5, 2.0), (-3.0, 0.0), (-0.0, 0.0), (-np.inf, 1.0), (1e300, 1e308),
+                       (2.0**-1074, 2.0**-1000), (np.nan, 1.0), (-2.0, -1.0)):
+        (_, a1, b1), (_, a2, b2) = run_both("scaled", lo, hi, c_lo, c_hi, n=n)
+        assert same_bits(a1, a2) and same_bits(b1, b2)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("kind", [0, 1, 2])
+@pytest.mark.parametrize("absc", [0.0, 2.0**-24])
+def test_unary_ends_matches_the_kernel(n, kind, absc):
+    lo, hi = pair(n, n + 9)
+    fa, fb = sized(n, n + 10), sized(n, n + 11)  # f's values: any, NaN and inf among them
+    for xmin, fminv in ((0.0, 0.0), (1.5, -0.25), (-np.inf, 1.0)):
+        (_, a1, b1), (_, a2, b2) = run_both("unary_ends", lo, hi, fa, fb, kind, xmin, fminv,
+                                            2.0**-52, 2.0**-1074, absc, n=n)
+        assert same_bits(a1, a2) and same_bits(b1, b2)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("keep", [False, True])
+def test_inside_worst_matches_the_kernel(n, dtype, keep):
+    rng = np.random.default_rng(n)
+    with np.errstate(invalid="ignore", over="ignore"):
+        _inside_worst_cases(n, dtype, keep, rng)
+
+
+def _inside_worst_cases(n, dtype, keep, rng):
+    lo, hi = pair(n, n + 12)
+    lo, hi = np.minimum(lo, hi), np.maximum(lo, hi)  # ordered (NaN ends stay)
+    for case in ("inside", "ends", "outside"):
+        t = rng.random(n)
+        ref = np.where(np.isfinite(lo) & np.isfinite(hi), lo + t * (hi - lo), 0.0)
+        if case == "ends":  # values at the ends: margin 0, ties between entries
+            ref = np.where(t < 0.5, lo, hi)
+        ref = np.where(np.isnan(ref), 0.0, ref).astype(dtype).astype(np.float64)
+        ok = (ref >= lo) & (ref <= hi)
+        lo2 = np.where(ok, lo, -np.inf) if case != "outside" else lo
+        hi2 = np.where(ok, hi, np.inf) if case != "outside" else hi
+        tgt = ref.copy()  # outside: values of other entries; else ends or midpoints
+        tgt[::3] = ref[::-1][::3] if case == "outside" else np.where(
+            t[::3] < 0.3, lo2[::3], np.where(t[::3] < 0.6, hi2[::3], ref[::3]))
+        tgt = tgt.astype(dtype).astype(np.float64)
+        if case != "outside":
+            tgt = np.where((tgt >= lo2) & (tgt <= hi2), tgt, ref)
+        ref_d, tgt_d = ref.astype(dtype), tgt.astype(dtype)
+        got = []
+        for fn in (small.inside_worst, fused.inside_worst):
+            h1, h2 = np.full(n, 7.0), np.full(n, -7.0)
+            r = fn(lo2.copy(), hi2.copy(), ref_d.copy(), tgt_d.copy(), keep, h1, h2)
+            got.append((r, h1, h2))
+        (r1, a1, b1), (r2, a2, b2) = got
+        assert r1[0] == r2[0] and same_bits(np.array(r1[1:]), np.array(r2[1:]))
+        assert same_bits(a1, a2) and same_bits(b1, b2)

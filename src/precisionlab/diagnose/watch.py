@@ -42,6 +42,7 @@ from .watch_cause import backward_mechanism, detached_copy, forward_mechanism, r
 from .watch_counts import cast_bounds, check_formats, magnitude_range, tensor_counts
 from .watch_guard import StepGuard, all_finite, same_bits
 from .watch_log import WatchLog, check_tensorboard, dump_inputs
+from .watch_ranks import gather_events, rank_and_world, reduce_counts
 from .watch_report import LayerStats, NonFinite, SkippedStep, WatchReport
 
 __all__ = ["CHECKS", "ON_NONFINITE", "NonFiniteError", "Watch", "watch"]
@@ -81,13 +82,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def _amax(lo: float, hi: float) -> float:
     return math.nan if math.isnan(lo) or math.isnan(hi) else max(-lo, hi)
-
-
-def _world() -> tuple[int, int]:
-    d = torch.distributed
-    if d.is_available() and d.is_initialized() and d.get_world_size() > 1:
-        return d.get_rank(), d.get_world_size()
-    return 0, 1
 
 
 class Watch:
@@ -500,41 +494,16 @@ class Watch:
                                             f"of {n})", _local(p.grad))
 
     def _reduce_events(self) -> None:
-        events = self._step_events
-        if self._world > 1:
-            d = torch.distributed
-            flags = torch.zeros(self._world, dtype=torch.int64, device=self._device())
-            flags[self._rank] = 1 if events else 0
-            d.all_reduce(flags)
-            if int(flags.sum()):
-                gathered = [None] * self._world
-                d.all_gather_object(gathered, events)
-                events = [e for part in gathered for e in part]
+        events = gather_events(self._step_events, self._rank, self._world)
         self._step_events = events
         self.events += events
         self._log.rows([e.to_dict() for e in events])
 
-    def _device(self):
-        d = torch.distributed
-        if d.get_backend() == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-
     def _reduce_stats(self, scale) -> None:
-        counts, amaxes = self._counts, self._amaxes
-        if self._world > 1:
-            d = torch.distributed
-            dev = self._device()
-            c = torch.from_numpy(counts.copy()).to(dev)
-            a = torch.from_numpy(amaxes.copy()).to(dev)
-            d.all_reduce(c, op=d.ReduceOp.SUM)
-            d.all_reduce(a, op=d.ReduceOp.MAX)
-            counts, amaxes = c.cpu().numpy(), a.cpu().numpy()
-            if not self._sharded:  # DDP: the same reduced .grad on every rank: max, not sum
-                rows = [i for (_, k), i in self._slots.items() if k == _PARAM_GRAD]
-                m = torch.from_numpy(self._counts[rows]).to(dev)
-                d.all_reduce(m, op=d.ReduceOp.MAX)
-                counts[rows] = m.cpu().numpy()
+        # DDP: the same reduced .grad on every rank (max, not sum); FSDP2: each rank's shard
+        replicated = [] if self._sharded else [
+            i for (_, k), i in self._slots.items() if k == _PARAM_GRAD]
+        counts, amaxes = reduce_counts(self._counts, self._amaxes, replicated, self._world)
         new = []
         for (path, kind), i in self._slots.items():
             c = counts[i]
@@ -552,7 +521,7 @@ class Watch:
     def __enter__(self) -> Watch:
         if self._active:
             raise RuntimeError("this watch is already open")
-        self._rank, self._world = _world()
+        self._rank, self._world = rank_and_world()
         self._handles += [
             self._root.register_forward_pre_hook(self._guard.pre, with_kwargs=True),
             self._root.register_forward_hook(self._guard.post, with_kwargs=True)]

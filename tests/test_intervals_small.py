@@ -12,7 +12,7 @@ import pytest
 from precisionlab.formats import get_format
 from precisionlab.intervals.torch_ops import arith, fused, kernels, small
 
-FORMATS = ("float64", "float32", "tf32", "bfloat16", "float16", "float8_e5m2")
+FORMATS = ("float64", "float32", "tf32", "bfloat16", "float16", "float8_e5m2", "float8_e4m3fn")
 SIZES = (1, 7, 130, small.NUMPY_MAX_SIZE, small.NUMPY_MAX_SIZE + 1)
 
 

@@ -43,14 +43,17 @@ def _outward(lo: np.ndarray, hi: np.ndarray, mbits: int, emin: int, top: float,
     return bool((lo <= hi).all())
 
 
-def _format(mbits: int, emin: int, top: float) -> str:
+def _format(mbits: int, emin: int, top: float) -> str | None:
     """The name of the registered format with inf of mbits fraction bits, smallest normal
-    exponent emin and largest finite top (those `arith.rounding` describes)."""
+    exponent emin and largest finite top (those `arith.rounding` describes); None for one
+    without inf (float8_e4m3fn: `fused.directed` and `round_to` differ past its top), which
+    the compiled kernels handle; "float64" for mbits < 0 (no rounding)."""
+    if mbits < 0:
+        return "float64"
     for f in FORMATS.values():
         if f.has_inf and (f.mantissa_bits, f.emin, f.max_finite) == (mbits, emin, top):
             return f.name
-    raise ValueError(f"(mbits, emin, top) = {(mbits, emin, top)!r}: no registered format with "
-                     "inf has these; pass the arguments of arith.rounding(fmt)")
+    return None
 
 
 def step(a, sign, out):
@@ -85,7 +88,7 @@ def widen_rel(lo, hi, ulps, eps, q, nmin, out_lo, out_hi):
 
 def round_out(lo, hi, mbits, emin, top, q, out_lo, out_hi):
     """`fused.round_out`: [RD(lo), RU(hi)] into the format; whether every out_lo <= out_hi."""
-    if not numpy_tier(lo.size):
+    if not numpy_tier(lo.size) or _format(mbits, emin, top) is None:
         return fused.round_out(lo, hi, mbits, emin, top, q, out_lo, out_hi)
     out_lo[...], out_hi[...] = lo, hi
     return _outward(out_lo, out_hi, mbits, emin, top, q)
@@ -95,7 +98,7 @@ def add_out(alo, ahi, blo, bhi, minus, mbits, emin, top, q, out_lo, out_hi):
     """`fused.add_out`: the sum (difference when minus) of finite ends stepped outward, an
     overflowed end +-max64, rounded outward into the format: 1 when every lo <= hi, 0 when not,
     -1 (nothing usable written) when an end is not finite."""
-    if not numpy_tier(alo.size):
+    if not numpy_tier(alo.size) or _format(mbits, emin, top) is None:
         return fused.add_out(alo, ahi, blo, bhi, minus, mbits, emin, top, q, out_lo, out_hi)
     x, y = (-bhi, -blo) if minus else (blo, bhi)
     with np.errstate(over="ignore", invalid="ignore"):

@@ -205,3 +205,30 @@ def _inside_worst_cases(n, dtype, keep, rng):
         (r1, a1, b1), (r2, a2, b2) = got
         assert r1[0] == r2[0] and same_bits(np.array(r1[1:]), np.array(r2[1:]))
         assert same_bits(a1, a2) and same_bits(b1, b2)
+
+
+@pytest.mark.parametrize("n", [1, 3, 16, 130, small.NUMPY_MAX_SIZE // 4])
+@pytest.mark.parametrize("rows", [1, 4, 5])
+def test_softmax_in_matches_the_kernel(n, rows):
+    m = n * rows
+    if m > small.NUMPY_MAX_SIZE + 1:
+        m, rows = (small.NUMPY_MAX_SIZE // n + 1) * n, small.NUMPY_MAX_SIZE // n + 1
+    rng = np.random.default_rng(m)
+    with np.errstate(invalid="ignore", over="ignore"):
+        lo, hi = pair(m, m + 13)
+        scale = rng.choice([1e-3, 1.0, 1e4, 1e300], m)
+        lo, hi = np.where(np.isfinite(lo), lo % 7, lo) * scale, np.where(np.isfinite(hi), hi % 7,
+                                                                         hi) * scale
+    mask = rng.random(m) < 0.3  # masked scores: -inf, or -1e4 added
+    lo[mask], hi[mask] = -np.inf, -np.inf
+    lo[rng.random(m) < 0.05] -= 1e4
+    if rows > 1:
+        lo[:n], hi[:n] = -np.inf, -np.inf  # a row masked throughout
+    for u2 in (2.0**-24, 2.0**-8):
+        got = []
+        for fn in (small.softmax_in, kernels.softmax_in):
+            a, b, r = np.full(m, 9.0), np.full(m, -9.0), np.zeros(rows, bool)
+            fn(lo.copy(), hi.copy(), n, u2, a, b, r)
+            got.append((a, b, r))
+        (a1, b1, r1), (a2, b2, r2) = got
+        assert same_bits(a1, a2) and same_bits(b1, b2) and np.array_equal(r1, r2)

@@ -18,9 +18,9 @@ Files, from the floor up:
 * `kernels` - compiled passes for whole rules built from `fused`'s steps: the operands and the
   closing of matrix products, layer / RMS norm rows, softmax rows, scaled scores, unary ends.
 * `small` - the size tier: NumPy twins of the elementwise kernels (`step`, `widen_rel`,
-  `round_out`, `add_out`, `leaf_box`, `scaled`, `unary_ends`, `inside_worst`), bit for bit,
-  for inputs of up to `NUMPY_MAX_SIZE` values, where compiling on a cold cache would cost more
-  than it saves.
+  `round_out`, `add_out`, `leaf_box`, `scaled`, `unary_ends`, `inside_worst`) and of
+  `kernels.softmax_in`, bit for bit, for inputs of up to `NUMPY_MAX_SIZE` values, where
+  compiling on a cold cache would cost more than it saves.
 * `arith` - the interval arithmetic the rules share: outward float64 steps (`down`, `up`),
   intervals built without copies (`mk`, `bare`), rounding and widening into a format
   (`round_into`, `widen_rel`, `widen_abs`, `finish`), elements without information (`whole`,

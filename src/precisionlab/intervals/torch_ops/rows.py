@@ -10,7 +10,7 @@ import torch
 
 from ...formats import get_format
 from ..interval import Interval
-from . import fused, kernels
+from . import fused, kernels, small
 from .arith import (
     ABS_SLACK,
     REL_SLACK,
@@ -110,8 +110,8 @@ def softmax_rule(x, dim, fmt, log=False):
         a, b = np.empty(z.shape), np.empty(z.shape)
         rows = np.empty(z.lo.size // n, dtype=bool)
         lo, hi = np.empty(z.shape), np.empty(z.shape)
-        kernels.softmax_in(fused.flat(z.lo), fused.flat(z.hi), n, 2 * u, a.reshape(-1),
-                           b.reshape(-1), rows)
+        small.softmax_in(fused.flat(z.lo), fused.flat(z.hi), n, 2 * u, a.reshape(-1),
+                         b.reshape(-1), rows)
         with np.errstate(invalid="ignore", over="ignore"):
             np.exp(a, out=a)
             np.exp(b, out=b)

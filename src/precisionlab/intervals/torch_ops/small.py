@@ -208,3 +208,23 @@ def inside_worst(lo, hi, ref, tgt, keep, h_lo, h_hi):
         best = int(np.argmin(np.where(x < np.inf, x, np.inf)))  # the first smallest
         w = hi[best] - lo[best]
     return best, float(m[best]), float(w)
+
+
+def softmax_in(lo, hi, n, u2, a, b, row_nan):
+    """`kernels.softmax_in`: per row of n entries, the box widened by u2 (max hi - lo) outward
+    (0 where hi = -inf, NaN read as inf), shifted by its largest finite upper end c (else 0):
+    a = lo' - c, b = hi' - c; row_nan: a row holding [-inf, inf], or every entry -inf."""
+    if n <= 0 or not numpy_tier(lo.size):
+        return kernels.softmax_in(lo, hi, n, u2, a, b, row_nan)
+    rows = lo.size // n
+    L, H = lo[:rows * n].reshape(rows, n), hi[:rows * n].reshape(rows, n)
+    mx = np.max(np.where(H != H, -np.inf, H), axis=1, keepdims=True)  # NaN never > mx
+    row_nan[:rows] = ((L == -np.inf) & (H == np.inf)).any(axis=1) | (H == -np.inf).all(axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        w = u2 * (mx - L)
+        w = np.where(H == -np.inf, 0.0, np.where(w != w, np.inf, w))
+        x, y = _outward1(L - w, H + w)
+        c = np.max(y, axis=1, keepdims=True)  # no NaN after _outward1
+        c = np.where(c - c == 0, c, 0.0)
+        a[:rows * n], b[:rows * n] = (x - c).reshape(-1), (y - c).reshape(-1)
+    return None

@@ -7,11 +7,11 @@ a forward hook on every module checks each new output tensor (one `torch.aminmax
 a leaf module's activations (`watch_counts`); a tensor hook on each output and input that
 requires grad does the same for gradients in the backward; a hook on each float16/bfloat16
 parameter (each parameter under a GradScaler) checks its gradient, and the other parameters'
-.grad are checked at the step's end (one sum each). The first
-tensor of a step that is not finite is explained by `watch_cause` (forward: the module re-run
-on its saved inputs to name the torch function; the mechanism and chapter from
-`watch_report.MECHANISMS`). A gradient is blamed on the module whose backward produced it: the
-module that took the tensor as input, or the loss when the tensor is the model's output.
+.grad are checked at the step's end (one sum each). The first tensor of a step that is not
+finite is explained by `watch_cause` (forward: the module re-run on its saved inputs to name
+the torch function; the mechanism and chapter from `watch_report.MECHANISMS`). A gradient
+is blamed on the module whose backward produced it: the module that took the tensor as
+input, or the loss when the tensor is the model's output.
 Parameter gradients are counted at the end of a recorded step, from .grad: the reduced
 gradient under DDP (replicated: the ranks' counts are the same, reduced by max), this rank's
 shard under FSDP2 (summed over the ranks); activations and output gradients are summed over
@@ -42,7 +42,7 @@ from .watch_cause import backward_mechanism, detached_copy, forward_mechanism, r
 from .watch_counts import cast_bounds, check_formats, magnitude_range, tensor_counts
 from .watch_guard import StepGuard, all_finite, same_bits
 from .watch_log import WatchLog, check_tensorboard, dump_inputs
-from .watch_ranks import gather_events, rank_and_world, reduce_counts
+from .watch_ranks import gather_events, local_shard, rank_and_world, reduce_counts
 from .watch_report import LayerStats, NonFinite, SkippedStep, WatchReport
 
 __all__ = ["CHECKS", "ON_NONFINITE", "NonFiniteError", "Watch", "watch"]
@@ -63,21 +63,13 @@ class NonFiniteError(FloatingPointError):
 class _Tag:
     """What the watch knows of one tensor of the current step."""
 
-    __slots__ = ("amax", "consumer", "counted", "final", "grad_counted", "leaf", "module",
-                 "ref")
+    __slots__ = ("amax", "consumer", "counted", "final", "grad_counted", "leaf", "module", "ref")
 
     def __init__(self, t: torch.Tensor, module: str | None, leaf: str | None):
         self.ref = weakref.ref(t)
         self.module, self.leaf, self.consumer = module, leaf, None
-        self.amax = math.nan
-        self.counted = self.grad_counted = False
+        self.amax, self.counted, self.grad_counted = math.nan, False, False
         self.final = False  # an output of the model itself
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard, else t."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
 
 
 def _amax(lo: float, hi: float) -> float:
@@ -231,10 +223,10 @@ class Watch:
         if (not self._active or self._replaying or g is None or self._bwd_event is not None
                 or self._fwd_event is not None):
             return
-        if not math.isfinite(_amax(*magnitude_range(_local(g)))):
+        if not math.isfinite(_amax(*magnitude_range(local_shard(g)))):
             owner = name.rpartition(".")[0]
             self._backward_event(owner, f"{owner or '(model)'}: backward (gradient of {name})",
-                                 _local(g))
+                                 local_shard(g))
 
     # ---- events
     def _scale_now(self) -> float | None:
@@ -441,7 +433,7 @@ class Watch:
             for path in self._owners:
                 for p in self._modules[path].parameters(recurse=False):
                     if p.grad is not None:
-                        self._add(path, _PARAM_GRAD, *tensor_counts(_local(p.grad), self._bounds))
+                        self._add(path, _PARAM_GRAD, *tensor_counts(local_shard(p.grad), self._bounds))
         if self._full and not self._step_events and self._world == 1:
             # (under torch.distributed the reduced .grad holds every rank's inf: each rank
             # would name it; there the gradient hooks name the rank the inf came from)
@@ -461,7 +453,7 @@ class Watch:
             name, bad = "", 0
             for n, p in self._root.named_parameters():
                 if p.grad is not None:
-                    g = _local(p.grad)
+                    g = local_shard(p.grad)
                     k = int((~torch.isfinite(g)).sum())
                     if k:
                         name, bad = n, k
@@ -484,14 +476,14 @@ class Watch:
         """At the end of a step with every module hooked: a float32 parameter's gradient is
         not hooked in the backward (see `_install`); one sum each names an inf/NaN at its
         step rather than at the next forward."""
-        gs = [_local(p.grad) for p in self._guard.params if p.grad is not None]
+        gs = [local_shard(p.grad) for p in self._guard.params if p.grad is not None]
         if not gs or all_finite(gs):
             return
         for n, p in self._root.named_parameters():
-            if p.grad is not None and not bool(torch.isfinite(_local(p.grad)).all()):
+            if p.grad is not None and not bool(torch.isfinite(local_shard(p.grad)).all()):
                 owner = n.rpartition(".")[0]
                 return self._backward_event(owner, f"{owner or '(model)'}: backward (gradient "
-                                            f"of {n})", _local(p.grad))
+                                            f"of {n})", local_shard(p.grad))
 
     def _reduce_events(self) -> None:
         events = gather_events(self._step_events, self._rank, self._world)

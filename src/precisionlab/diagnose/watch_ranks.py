@@ -8,7 +8,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["gather_events", "rank_and_world", "reduce_counts"]
+__all__ = ["gather_events", "local_shard", "rank_and_world", "reduce_counts"]
+
+
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2's parameters and gradients), else t itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -11,18 +11,21 @@ Two back ends give bit-identical answers:
   below the kept bits, then clear them. Carries ripple into the exponent on their own, which
   is why this recipe is exact. It covers everything the libraries lack (tf32, nearest-away,
   directed and stochastic modes, float64 inputs without double rounding, non-saturating
-  e4m3fn, saturating IEEE formats). `rounding_kernel` runs it in three tiers that differ
-  only in speed, chosen by the input's length alone (never by earlier calls): Python ints
-  for a handful of values, NumPy below 4096 values (or at any length with compiled=False),
-  a numba loop from 4096 on (parallel from 2^20 when torch may use several threads), so
-  short arrays never wait for a compiler (0.3-1 s cold). Each element is rounded on its own
-  and stochastic mode draws element i from SplitMix64(seed + i), so results do not depend
-  on the tier, the thread count or the CPU.
+  e4m3fn, saturating IEEE formats). The recipe runs in three tiers that differ only in
+  speed, chosen by the input's length alone: Python ints for a handful of values,
+  whole-array NumPy operations below 4096 values, and a fused numba loop from 4096 values on
+  (parallel on arrays of 2^20 or more when torch may use several threads). So importing this
+  module and rounding short arrays never waits for a compiler (0.3-1 s cold, less from
+  numba's on-disk cache), and the tier a call takes never depends on earlier calls. Every element is rounded on its
+  own and stochastic mode draws element i from SplitMix64(seed + i), so results do not
+  depend on the tier, the thread count or the CPU. The recipe and its three tiers are in
+  `rounding_kernel`; this module picks the tier.
 
-`backend="auto"` takes the native cast for float32 targets and float16 below 4096 values,
-the kernel elsewhere: torch's round trip (two casts and a temporary) is slower than its one
-pass from 4096 on (benchmarks/bench_rounding.py); tests hold the back ends to the oracles
-and to each other on every float32 bit pattern (tests/test_rounding_native.py).
+`backend="auto"` uses the native cast for float32 targets and for float16 below 4096
+values, and the kernel elsewhere, because a round trip through torch's narrow dtypes is two
+casts and a temporary and measured slower than the kernel's single pass from 4096 values on
+(see benchmarks/bench_rounding.py); the tests hold both back ends to the oracles, and to each
+other on every float32 bit pattern (tests/test_rounding_native.py).
 
 Inputs may be NumPy arrays, Python scalars or torch tensors; the result is of the same kind.
 float32 and float64 inputs keep their dtype; narrower float inputs are widened to float32

@@ -12,6 +12,8 @@ lines say which chapter. Concepts never import this package (tests/test_layers.p
   evidence from the book's runs, the tally;
 * ``allclose_demos`` -- chapter 7: a dot product by hand with directed rounding, every
   summation order, a matmul with a bug of known size;
+* ``char_model`` -- chapter 8: the character transformer it diagnoses, its stored training
+  text and trained weights;
 * ``quantize_runs`` -- chapter 9: what each FP8/MX/NVFP4 recipe keeps of the book's tensors,
   outlier channels, a layer trained under a recipe, delayed-scaling traces;
 * ``at_scale`` -- chapter 10: a float32 training run whose gradient is all-reduced on

@@ -78,6 +78,12 @@ def _sign_of_difference(p, e, dh, dl):
 # --------------------------------------------------------------------------- the boundary
 
 
+# A simulation that rounds fewer values than this in all is cheaper on rounding's NumPy tier
+# (about 15 ns a value) than compiling its numba loop from a cold cache (a second or more), so
+# it rounds with round_to(..., compiled=False). The same bits either way.
+_NUMPY_WORK = 1 << 23
+
+
 @dataclass(frozen=True)
 class _Boundary:
     """Moving upward from w: the crossing happens once w + k*s passes b (or reaches it)."""
@@ -103,7 +109,7 @@ def _boundary(w, lr, fmt: FloatFormat, mode: str) -> _Boundary:
     for flip, m in zip((False, True), modes, strict=True):
         sel = neg == flip
         if sel.any():
-            v[sel] = round_to(wm[sel], fmt, m)
+            v[sel] = round_to(wm[sel], fmt, m, compiled=wm.size > _NUMPY_WORK)
     if not np.isfinite(v).all():
         bad = w[~np.isfinite(v)].flat[0]
         raise ValueError(
@@ -235,12 +241,6 @@ def steps_to_cross_estimate(w, lr, fmt="bfloat16"):
         raise ValueError("lr must be nonzero; got lr=0.0")
     out = np.abs(w) / (2.0**fmt.precision * np.abs(lr))
     return float(out) if out.ndim == 0 else out
-
-
-# A simulation that rounds fewer values than this in all is cheaper on rounding's NumPy tier
-# (about 15 ns a value) than compiling its numba loop from a cold cache (a second or more), so
-# it rounds with round_to(..., compiled=False). The same bits either way.
-_NUMPY_WORK = 1 << 23
 
 
 def _check_master(master: str) -> np.dtype:

@@ -31,7 +31,6 @@ import torch
 
 from ..checks import check_choice
 from ..formats import FloatFormat, get_format
-from ..rounding_kernel import NUMBA_MIN_SIZE
 from ..updates import swallowed as update_swallowed
 from .batch import as_inputs, call, for_program, tensors
 from .gradient_report import (
@@ -238,12 +237,9 @@ def _count_all(gs: Sequence[torch.Tensor], scale: float, formats: Sequence[Float
 
 
 def _swallowed(w: np.ndarray, step: np.ndarray) -> int:
-    """Weights whose bfloat16 copy w + step rounds back to w (`updates.swallowed`); below
-    COMPILED_MIN weights in calls of fewer than NUMBA_MIN_SIZE values, which rounding's NumPy
-    tier takes (no numba compile from a cold cache), the same bits either way."""
-    k = w.size if w.size >= COMPILED_MIN else NUMBA_MIN_SIZE - 1
-    return sum(int(np.count_nonzero(update_swallowed(w[i:i + k], step[i:i + k], "bfloat16")))
-               for i in range(0, w.size, k))
+    """Weights whose bfloat16 copy w + step rounds back to w (`updates.swallowed`, which
+    rounds on NumPy below its own size threshold: no numba compile from a cold cache)."""
+    return int(np.count_nonzero(update_swallowed(w, step, "bfloat16")))
 
 
 def _stats(name, kind, g, counts, w=None, lr=None, optimizer="sgd",

@@ -1,9 +1,11 @@
-"""Chapter 6's two key runs on seed 0, stored whole so that the chapter replays them.
+"""Chapter 6's key runs on seed 0, stored whole so that the chapter replays them.
 
 The matched (bf16 trainer) and mismatched (fp32 trainer) runs at eps = 0.2 are the input of
 most of chapter 6's tables and figures: every step's per-token alpha, beta and advantage
-(`record`), the gradient reports of steps 3 and 20 and the two trained policies. Training
-them took a third of the chapter's cold run; they are trained here once and stored with
+(`record`), the gradient reports of steps 3 and 20 and the two trained policies. The third,
+the matched run at eps = 10, is the one run the chapter's explorer would otherwise train
+(the matched partner of the eps = 10 fix). Training them took a third of the chapter's cold
+run; they are trained here once and stored with
 everything the chapter reads from them (per-step logs, snapshots, gradient reports and the
 final weights, `rl.save_runs(with_state=True)`) in data/ch6_key_runs.json and .npz, with the
 command and the versions. The arithmetic is precisionlab.emulate's, so the stored bits are
@@ -38,10 +40,12 @@ GRADIENT_STEPS = (3, 20)
 
 
 def runs() -> dict[str, rl.RunConfig]:
-    """The two key runs by the names chapter 6 gives them (run name -> config)."""
+    """The key runs by the names chapter 6 gives them (run name -> config)."""
     base = rl.RunConfig(trainer="fp32", engine="bf16", lr=1.5e-4, steps=STEPS)
     return {"bf16 trainer (matched)": with_changes(base, trainer="bf16"),
-            "fp32 trainer (mismatched)": base}
+            "fp32 trainer (mismatched)": base,
+            "matched, eps 10": with_changes(base, trainer="bf16", eps_low=10.0,
+                                            eps_high=10.0)}
 
 
 def train(steps: int | None = None) -> dict[str, rl.RunLog]:

@@ -4,15 +4,17 @@ Chapter 8 diagnoses a small character transformer (precisionlab.chapters.char_mo
 for 100 float32 AdamW steps on the module docstrings of nine precisionlab concepts. Both are
 stored, so that every machine diagnoses the same model:
 
-* the weights, in data/ch8_char_model.json (command, versions, CPU, losses) and .npz (the
-  state_dict, exact float32): torch's float32 kernels add in an order that depends on the CPU
-  and its dispatch level, so the same training run ends on other weights elsewhere, and the
-  chapter's triage widths moved with them;
+* the weights, in data/ch8_char_model.json (command, versions, CPU and torch's dispatch
+  level, losses) and .npz (the state_dict, exact float32): torch picks its float32 kernels
+  (and MKL its matrix products) for the processor's instruction set, and they round
+  differently, so the same training run ends on other weights under another instruction set,
+  and the chapter's checked claims moved with them;
 * the text, src/precisionlab/chapters/char_corpus.txt (package data): read live, each edit
   of those docstrings retrained the model on other text. It is rewritten only with --corpus.
 
-Rerunning this script on another machine stores other weights; re-execute chapter 8 after it
-(its hidden checks state what must hold on any weights the run gives).
+Rerunning this script on a machine with other kernels (another dispatch level, torch or MKL
+build) stores other weights; re-execute chapter 8 after it (its hidden checks state what must
+hold on any weights the run gives). With the same kernels, one thread, it stores the same bits.
 
 Run (from the repository root):
 
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                                      lr=LR)
     seconds = time.perf_counter() - start
     meta = {**rl.provenance(sys.argv if argv is None else ["scripts/ch8_char_model.py", *argv]),
-            "cpu": _cpu(), "threads": 1, "seed": SEED, "steps": STEPS, "batch": BATCH,
+            "cpu": _cpu(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": 1, "seed": SEED, "steps": STEPS, "batch": BATCH,
             "lr": LR, "vocab": len(chars), "losses": losses,
             "note": "chapter 8's character transformer after train(); see "
                     "scripts/ch8_char_model.py"}

@@ -232,3 +232,158 @@ def test_softmax_in_matches_the_kernel(n, rows):
             got.append((a, b, r))
         (a1, b1, r1), (a2, b2, r2) = got
         assert same_bits(a1, a2) and same_bits(b1, b2) and np.array_equal(r1, r2)
+
+
+ROW_LENGTHS = (1, 7, 8, 9, 127, 128, 129, 300)
+
+
+def norm_box(nrow: int, n: int, seed: int):
+    """(lo, hi) of nrow rows of n entries, each row of one kind: ordinary, straddling zero, point
+    values, subnormal-scale (float32's and float64's), huge (squares past float32's largest),
+    float64's largest, an infinite end, a NaN end, hard values."""
+    rng = np.random.default_rng(seed)
+    lo, hi = np.empty((nrow, n)), np.empty((nrow, n))
+    kinds = ("plain", "straddle", "point", "sub32", "sub64", "huge", "max64", "inf", "nan", "hard")
+    for r in range(nrow):
+        kind = kinds[(r + seed) % len(kinds)]
+        x = rng.standard_normal(n) * rng.choice([1e-3, 1.0, 3e2])
+        w = np.abs(rng.standard_normal(n)) * rng.choice([0.0, 1e-6, 0.1])
+        scale = {"sub32": 1e-40, "sub64": 1e-310, "huge": 1e19, "max64": 1e153}.get(kind, 1.0)
+        with np.errstate(under="ignore", over="ignore"):
+            a, b = (x - w) * scale, (x + w) * scale
+        if kind == "straddle":
+            a, b = -np.abs(a) - 0.5, np.abs(b) + 0.5
+        elif kind == "point":
+            b = a
+        elif kind == "inf":
+            b[rng.integers(n)] = np.inf
+        elif kind == "nan":
+            a[rng.integers(n)] = np.nan
+        elif kind == "hard":
+            a, b = pair(n, seed + r, finite=rng.random() < 0.7)
+        lo[r], hi[r] = a, b
+    return lo.reshape(-1).copy(), hi.reshape(-1).copy()
+
+
+def norm_args(n, seed, fmt, rms, eps, has_w, has_b, nrow=5):
+    """`kernels.norm_rows`' arguments as `rows._norm_rule` passes them (without the outputs)."""
+    inner = get_format(arith.internal(fmt))
+    lo, hi = norm_box(nrow, n, seed)
+    rng = np.random.default_rng(seed + 1)
+    none = np.zeros(1)
+    wlo, whi, blo, bhi = none, none, none, none
+    if has_w:
+        wlo = rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3], n)
+        wlo[::11], wlo[1::13] = 0.0, -0.0
+        whi = wlo + np.abs(rng.standard_normal(n)) * (rng.random(n) < 0.5)
+        whi[2::17] = np.inf  # an unbounded weight
+    if has_b:
+        blo = rng.standard_normal(n)
+        bhi = blo + np.abs(rng.standard_normal(n)) * (rng.random(n) < 0.5)
+        blo[3::19] = -1e300
+    e_lo, e_hi = (eps, eps) if np.isscalar(eps) else eps
+    return (lo, hi, nrow, n, rms, float(e_lo), float(e_hi), has_w, wlo, whi, has_b, blo, bhi,
+            arith.gamma(n + 4, 2.0**-53), inner.unit_roundoff, arith.u_out(fmt),
+            inner.max_finite, inner.min_normal, *arith.rounding(fmt))
+
+
+def norm_both(args):
+    """small.norm_rows and kernels.norm_rows on copies of args; their outputs."""
+    size = args[0].size
+    outs = []
+    for fn in (small.norm_rows, kernels.norm_rows):
+        o1, o2 = np.full(size, 3.25), np.full(size, -3.25)
+        fn(*[a.copy() if isinstance(a, np.ndarray) else a for a in args], o1, o2)
+        outs.append((o1, o2))
+    return outs
+
+
+@pytest.mark.parametrize("n", ROW_LENGTHS)
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "float16", "float64"])
+@pytest.mark.parametrize("rms", [False, True])
+def test_norm_rows_matches_the_kernel(n, fmt, rms):
+    for eps in (0.0, 1e-5, (np.finfo(np.float64).eps, np.finfo(np.float32).eps)):
+        for has_w, has_b in ((False, False), (True, False), (True, True)):
+            if rms and has_b:
+                continue
+            args = norm_args(n, n + len(fmt), fmt, rms, eps, has_w, has_b, nrow=12)
+            (a1, b1), (a2, b2) = norm_both(args)
+            assert same_bits(a1, a2) and same_bits(b1, b2), (eps, has_w, has_b)
+
+
+@pytest.mark.parametrize("n", [8, 300])
+def test_norm_rows_as_channel_norms_call_it(n):
+    """channel_norms' call: no weight or bias, float64 (no rounding), the dtype's tiny."""
+    args = list(norm_args(n, n, "bfloat16", False, 1e-5, False, False, nrow=10))
+    args[-4:] = arith.rounding("float64")
+    args[17] = get_format("float16").min_normal
+    (a1, b1), (a2, b2) = norm_both(args)
+    assert same_bits(a1, a2) and same_bits(b1, b2)
+
+
+def test_norm_rows_past_the_tier_calls_the_kernel(monkeypatch):
+    n = 300
+    nrow = small.NUMPY_MAX_SIZE // n + 1
+    calls = []
+    real = kernels.norm_rows
+
+    def spy(*a):
+        calls.append(a[0].size)
+        return real(*a)
+
+    monkeypatch.setattr(kernels, "norm_rows", spy)
+    big = norm_args(n, 3, "bfloat16", False, 1e-5, True, True, nrow=nrow)
+    assert big[0].size > small.NUMPY_MAX_SIZE
+    small.norm_rows(*big, np.empty(big[0].size), np.empty(big[0].size))
+    assert calls == [big[0].size]
+    few = norm_args(n, 3, "bfloat16", False, 1e-5, True, True, nrow=small.NUMPY_MAX_SIZE // n)
+    small.norm_rows(*few, np.empty(few[0].size), np.empty(few[0].size))
+    assert calls == [big[0].size]  # within the tier: NumPy only
+
+
+def softmax_exps(n: int, rows: int, seed: int):
+    """(ea, eb, row_nan): exponentials of shifted boxes as `rows.softmax_rule` makes them, with
+    zeros (masked entries), subnormals, ones, NaN from inf - inf, huge values and flagged rows."""
+    rng = np.random.default_rng(seed)
+    m = n * rows
+    a = -np.abs(rng.standard_normal(m)) * rng.choice([1e-3, 1.0, 30.0, 745.0, 800.0], m)
+    b = a + np.abs(rng.standard_normal(m)) * rng.choice([0.0, 1e-8, 1.0], m)
+    b[rng.random(m) < 0.2] = 0.0  # the row maximum
+    a[rng.random(m) < 0.1] = -np.inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        ea, eb = np.exp(a), np.exp(b)
+    eb[rng.random(m) < 0.02] = np.nan
+    eb[rng.random(m) < 0.02] = np.inf
+    ea[rng.random(m) < 0.01] = np.nan
+    return ea, eb, rng.random(rows) < 0.2
+
+
+@pytest.mark.parametrize("n", ROW_LENGTHS)
+@pytest.mark.parametrize("rows", [1, 6])
+def test_softmax_out_matches_the_kernel(n, rows):
+    ea, eb, row_nan = softmax_exps(n, rows, n + rows)
+    m = n * rows
+    for g in (arith.gamma(n + 2, 2.0**-53), 0.0):
+        got = []
+        for fn in (small.softmax_out, kernels.softmax_out):
+            o1, o2 = np.full(m, 3.25), np.full(m, -3.25)
+            fn(ea.copy(), eb.copy(), n, g, arith.REL_SLACK, arith.ABS_SLACK, row_nan.copy(),
+               o1, o2)
+            got.append((o1, o2))
+        (a1, b1), (a2, b2) = got
+        assert same_bits(a1, a2) and same_bits(b1, b2)
+
+
+def test_softmax_out_past_the_tier_calls_the_kernel(monkeypatch):
+    n = 128
+    rows = small.NUMPY_MAX_SIZE // n + 1
+    calls = []
+    real = kernels.softmax_out
+    monkeypatch.setattr(kernels, "softmax_out", lambda *a: calls.append(1) or real(*a))
+    ea, eb, row_nan = softmax_exps(n, rows, 5)
+    m = n * rows
+    small.softmax_out(ea, eb, n, 1e-14, 2.0**-52, 2.0**-1074, row_nan, np.empty(m), np.empty(m))
+    assert calls == [1]
+    small.softmax_out(ea[:m - n], eb[:m - n], n, 1e-14, 2.0**-52, 2.0**-1074, row_nan,
+                      np.empty(m - n), np.empty(m - n))
+    assert calls == [1]

@@ -12,9 +12,12 @@ model on every machine:
   docstrings of nine concepts (``MODULES``). Read live, it changed with every edit of those
   docstrings, and with it the trained weights;
 * the trained weights, ``data/ch8_char_model.json`` and ``.npz`` (``save_trained``,
-  ``load_trained``), written by ``scripts/ch8_char_model.py``: 100 float32 AdamW steps
-  (``train``) round differently on each CPU, because torch's float32 matrix products and
-  reductions add in a kernel-dependent order.
+  ``load_trained``), written by ``scripts/ch8_char_model.py``. The 100 float32 AdamW steps
+  (``train``) end on other weights under another instruction set: torch (and MKL, for the
+  matrix products) picks its float32 kernels for the processor at run time, and they group
+  their additions, fuse multiply-adds and approximate exp and erf each their own way. The
+  last bits that differ decide AdamW's step wherever a gradient entry is near its epsilon
+  or is round-off of an exact zero (the key biases'), from the first step on.
 
 >>> corpus = text()
 >>> chars, data = encode(corpus)
@@ -58,7 +61,11 @@ def from_docstrings(modules: tuple[str, ...] = MODULES) -> str:
                          f"got {modules!r}; the default is {MODULES}")
     docs = []
     for name in modules:
-        doc = importlib.import_module(f"precisionlab.{name}").__doc__
+        try:
+            doc = importlib.import_module(f"precisionlab.{name}").__doc__
+        except ImportError:
+            raise ValueError(f"modules: there is no module precisionlab.{name} (got {name!r}); "
+                             f"valid choices include {MODULES}") from None
         if not doc:
             raise ValueError(f"modules: precisionlab.{name} has no docstring; "
                              f"valid choices include {MODULES}")
@@ -73,9 +80,12 @@ def text() -> str:
 
 def encode(corpus: str) -> tuple[list[str], torch.Tensor]:
     """(the sorted distinct characters, the text as an int64 tensor of their indices)."""
-    if not isinstance(corpus, str) or len(corpus) <= CONTEXT:
+    if not isinstance(corpus, str):
         raise ValueError(f"corpus must be a str longer than CONTEXT = {CONTEXT} characters, "
-                         f"got {type(corpus).__name__} of length {len(corpus)}")
+                         f"got a {type(corpus).__name__}: {corpus!r:.40}")
+    if len(corpus) <= CONTEXT:
+        raise ValueError(f"corpus must be a str longer than CONTEXT = {CONTEXT} characters, "
+                         f"got {len(corpus)} characters: {corpus!r}")
     chars = sorted(set(corpus))
     index = {c: i for i, c in enumerate(chars)}
     return chars, torch.tensor([index[c] for c in corpus])
@@ -85,6 +95,8 @@ def windows(data: torch.Tensor, n: int, generator: torch.Generator) -> torch.Ten
     """n windows of CONTEXT characters at places drawn uniformly from [0, len(data) - CONTEXT)."""
     if n < 1:
         raise ValueError(f"n must be a positive number of windows, got {n}")
+    if len(data) <= CONTEXT:
+        raise ValueError(f"data must be longer than CONTEXT = {CONTEXT}, got {len(data)} entries")
     start = torch.randint(0, len(data) - CONTEXT, (n,), generator=generator)
     return torch.stack([data[s:s + CONTEXT] for s in start])
 
@@ -182,13 +194,21 @@ def train(data: torch.Tensor, vocab: int, seed: int = 0, steps: int = 100, batch
     return model.eval(), losses
 
 
-def save_trained(path, model: CharTransformer, meta: dict) -> None:
-    """Write `model`'s state_dict to path's .npz (float32, exact) and `meta` to path (.json)."""
+def save_trained(path, model: CharTransformer, meta: dict, corpus: str | None = None) -> None:
+    """Write `model`'s state_dict to path's .npz (float32, exact) and `meta` to path (.json).
+
+    `corpus` is the text the model was trained on (default: the stored ``text()``); its sha256
+    goes into the .json, and ``load_trained`` refuses the file when the stored text differs.
+    """
     path = Path(path)
     state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    bad = {k: str(v.dtype) for k, v in state.items() if v.dtype != np.float32}
+    if bad:
+        raise ValueError(f"model must be float32 to be stored exactly, got {bad}")
     np.savez_compressed(path.with_suffix(".npz"), **state)
+    corpus = text() if corpus is None else corpus
     doc = {**meta, "arrays": path.with_suffix(".npz").name,
-           "corpus_sha256": hashlib.sha256(text().encode("utf-8")).hexdigest()}
+           "corpus_sha256": hashlib.sha256(corpus.encode("utf-8")).hexdigest()}
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -203,6 +223,9 @@ def load_trained(path) -> tuple[dict, CharTransformer]:
                          f"run scripts/ch8_char_model.py to retrain it")
     with np.load(path.parent / meta["arrays"]) as z:
         state = {k: torch.from_numpy(z[k].copy()) for k in z.files}
+    bad = {k: str(v.dtype) for k, v in state.items() if v.dtype != torch.float32}
+    if bad:  # load_state_dict would round them into float32 without a word
+        raise ValueError(f"{meta['arrays']} must hold float32 arrays, got {bad}")
     model = CharTransformer(meta["vocab"])
     model.load_state_dict(state)  # strict: every weight, exact float32
     return meta, model.eval()

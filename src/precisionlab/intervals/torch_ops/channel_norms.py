@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from ...formats import get_format
 from ..interval import Interval
 from ..outward import mul_box
-from . import fused, kernels
+from . import fused, small
 from .arith import (
     UnsupportedOperation,
     down,
@@ -176,10 +176,10 @@ def batch_stats_bound(x: Interval, rows: int, w: Interval | None, b: Interval | 
     e_lo, e_hi = _eps(eps)
     if x.lo.size:
         none = np.zeros(1)
-        kernels.norm_rows(fused.flat(x.lo), fused.flat(x.hi), rows, n, False, e_lo, e_hi, False,
-                          none, none, False, none, none, gamma(n + 4, 2.0**-53), f.unit_roundoff,
-                          u_out(fmt), f.max_finite, _tiny(fmt), *rounding("float64"),
-                          lo.reshape(-1), hi.reshape(-1))
+        small.norm_rows(fused.flat(x.lo), fused.flat(x.hi), rows, n, False, e_lo, e_hi, False,
+                        none, none, False, none, none, gamma(n + 4, 2.0**-53), f.unit_roundoff,
+                        u_out(fmt), f.max_finite, _tiny(fmt), *rounding("float64"),
+                        lo.reshape(-1), hi.reshape(-1))
     xh = mk(lo, hi)
     free = whole(xh)
     wc = _per_channel(w, x.ndim, 1.0)

@@ -10,7 +10,7 @@ import torch
 
 from ...formats import get_format
 from ..interval import Interval
-from . import fused, kernels, small
+from . import fused, small
 from .arith import (
     ABS_SLACK,
     REL_SLACK,
@@ -103,7 +103,8 @@ def softmax_rule(x, dim, fmt, log=False):
         # x - max rounded in the internal format: e^x off by u |x - max| relative, i.e. the
         # softmax of an input moved by that much: the box widened by 2 u (max hi - lo), then s_i
         # in [e^lo_i / (e^lo_i + sum_(j!=i) e^hi_j), e^hi_i / (e^hi_i + sum_(j!=i) e^lo_j)], in
-        # compiled passes (`kernels.softmax_in`, `softmax_out`) around NumPy's exponentials
+        # passes (`kernels.softmax_in`, `softmax_out`; their NumPy twins in `small` for small
+        # inputs) around NumPy's exponentials
         if not z.lo.size:
             return z
         u = get_format(internal(fmt)).unit_roundoff
@@ -115,8 +116,8 @@ def softmax_rule(x, dim, fmt, log=False):
         with np.errstate(invalid="ignore", over="ignore"):
             np.exp(a, out=a)
             np.exp(b, out=b)
-        kernels.softmax_out(a.reshape(-1), b.reshape(-1), n, gamma(n + 2, 2.0**-53), REL_SLACK,
-                            ABS_SLACK, rows, lo.reshape(-1), hi.reshape(-1))
+        small.softmax_out(a.reshape(-1), b.reshape(-1), n, gamma(n + 2, 2.0**-53), REL_SLACK,
+                          ABS_SLACK, rows, lo.reshape(-1), hi.reshape(-1))
         return mk(lo, hi)
     y = _moved(x, dim, fn)
     nan = whole(y)
@@ -132,13 +133,14 @@ def _norm_rule(x: Interval, nshape, w, b, eps, fmt: str, rms: bool = False):
     Kernel model: moments in float32 (any order), the absolute error below; a float16/bfloat16
     result may keep x-hat, x-hat w and the sum with b in its format (2 u of each more).
 
-    Per row, in float64 stepped outward (`kernels.norm_rows`): the mean's interval from the
-    sums of lo and hi, slack gamma_(n+4) sum |x| / n (and 2 n u tiny, tiny the internal format's
-    smallest normal); d = x - mean; the variance from d's squares (gamma_(n+4) relative, and
-    4 tiny absolute: squares below tiny underflow); 1 / sqrt(var + eps) (gamma relative); y = d r (w) (+ b), widened
-    by u ((2 n + 16) max|x| r_hi |w| + 4 |y| + 2 |b|) + 2 u_fmt (2 |x-hat| |w| + |b| + |y|);
-    rounded outward into fmt. A row with an infinite end, or whose squares may overflow the
-    internal format (4 n max|x|^2 >= its largest finite), is the whole line."""
+    Per row, in float64 stepped outward (`kernels.norm_rows`; `small`'s twin for small inputs):
+    the mean's interval from the sums of lo and hi, slack gamma_(n+4) sum |x| / n (and 2 n u
+    tiny, tiny the internal format's smallest normal); d = x - mean; the variance from d's
+    squares (gamma_(n+4) relative, and 4 tiny absolute: squares below tiny underflow); 1 /
+    sqrt(var + eps) (gamma relative); y = d r (w) (+ b), widened by u ((2 n + 16) max|x| r_hi
+    |w| + 4 |y| + 2 |b|) + 2 u_fmt (2 |x-hat| |w| + |b| + |y|); rounded outward into fmt. A row
+    with an infinite end, or whose squares may overflow the internal format (4 n max|x|^2 >= its
+    largest finite), is the whole line."""
     eps_lo, eps_hi = (eps, eps) if np.isscalar(eps) else eps
     k = len(nshape)
     n = math.prod(nshape) if k else 1
@@ -147,11 +149,11 @@ def _norm_rule(x: Interval, nshape, w, b, eps, fmt: str, rms: bool = False):
     wlo, whi = (none, none) if w is None else (fused.flat(w.lo), fused.flat(w.hi))
     blo, bhi = (none, none) if b is None else (fused.flat(b.lo), fused.flat(b.hi))
     lo, hi = np.empty(x.shape), np.empty(x.shape)
-    kernels.norm_rows(fused.flat(x.lo), fused.flat(x.hi), lo.size // n, n, rms, float(eps_lo),
-                      float(eps_hi), w is not None, wlo, whi, b is not None, blo, bhi, g,
-                      get_format(internal(fmt)).unit_roundoff, u_out(fmt),
-                      get_format(internal(fmt)).max_finite, get_format(internal(fmt)).min_normal,
-                      *rounding(fmt), lo.reshape(-1), hi.reshape(-1))
+    small.norm_rows(fused.flat(x.lo), fused.flat(x.hi), lo.size // n, n, rms, float(eps_lo),
+                    float(eps_hi), w is not None, wlo, whi, b is not None, blo, bhi, g,
+                    get_format(internal(fmt)).unit_roundoff, u_out(fmt),
+                    get_format(internal(fmt)).max_finite, get_format(internal(fmt)).min_normal,
+                    *rounding(fmt), lo.reshape(-1), hi.reshape(-1))
     return mk(lo, hi)
 
 

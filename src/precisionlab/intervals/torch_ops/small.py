@@ -1,11 +1,12 @@
-"""NumPy twins of `fused`'s elementwise kernels for small inputs, and the size tier that picks
-between them. Compiling a kernel on a cold cache costs 0.2-2.5 s, which pays only where the
-arrays are large: below `NUMPY_MAX_SIZE` values each kernel here takes NumPy steps that give
-the compiled kernel's float64 values bit for bit (nextafter, `rounding.round_to`'s NumPy tier,
-the same IEEE operations in the same order; tests/test_intervals_small.py checks each against
-the compiled kernel on edge values at sizes on both sides of the tier). The tier depends on the
-input's size only, never on what ran before, so a result does not depend on the call history.
-Each function takes the arguments of its `fused` namesake and returns what it returns."""
+"""NumPy twins of `fused`'s elementwise kernels and of `kernels`' row passes (norm rows, the
+softmax's) for small inputs, and the size tier that picks between them. Compiling a kernel on a
+cold cache costs 0.2-3 s, which pays only where the arrays are large: below `NUMPY_MAX_SIZE`
+values each kernel here takes NumPy steps that give the compiled kernel's float64 values bit for
+bit (nextafter, `rounding.round_to`'s NumPy tier, the same IEEE operations in the same order;
+tests/test_intervals_small.py checks each against the compiled kernel on edge values at sizes on
+both sides of the tier). The tier depends on the input's size only, never on what ran before, so
+a result does not depend on the call history. Each function takes the arguments of its `fused`
+(or `kernels`) namesake and returns what it returns."""
 
 from __future__ import annotations
 
@@ -227,4 +228,143 @@ def softmax_in(lo, hi, n, u2, a, b, row_nan):
         c = np.max(y, axis=1, keepdims=True)  # no NaN after _outward1
         c = np.where(c - c == 0, c, 0.0)
         a[:rows * n], b[:rows * n] = (x - c).reshape(-1), (y - c).reshape(-1)
+    return None
+
+
+def _rowsums(t: np.ndarray) -> np.ndarray:
+    """`0.0 + fused.rowsum` of each row of t (rows, n): NumPy's pairwise order up to 128 terms
+    (8 accumulators, then the rest in turn), longer rows as consecutive blocks of 128 added in
+    turn, each step vectorised over the rows."""
+    rows, n = t.shape
+    nb, m = divmod(n, 128)
+    parts = []
+    if nb:
+        blk = t[:, :nb * 128].reshape(rows, nb, 128)
+        parts += list(np.moveaxis(_block_sums(blk, 128), 1, 0))
+    if m:
+        parts.append(_block_sums(t[:, nb * 128:][:, None, :], m)[:, 0])
+    s = np.zeros(rows)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for p in parts:  # t += res, block by block
+            s = s + p
+        return 0.0 + s
+
+
+def _block_sums(b: np.ndarray, m: int) -> np.ndarray:
+    """`fused.rowsum`'s sum of one block of m <= 128 terms along b's last axis."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if m < 8:
+            res = np.zeros(b.shape[:-1])
+            for i in range(m):
+                res = res + b[..., i]
+            return res
+        r = b[..., :8]
+        end = m - m % 8
+        for i in range(8, end, 8):
+            r = r + b[..., i:i + 8]
+        res = ((r[..., 0] + r[..., 1]) + (r[..., 2] + r[..., 3])) + \
+            ((r[..., 4] + r[..., 5]) + (r[..., 6] + r[..., 7]))
+        for i in range(end, m):
+            res = res + b[..., i]
+        return res
+
+
+def _mul1(alo, ahi, blo, bhi):
+    """`kernels._mul1` elementwise: the four corner products stepped outward, a NaN product the
+    whole line."""
+    c1, c2, c3, c4 = alo * blo, alo * bhi, ahi * blo, ahi * bhi
+    a = _nxt(_pymin(_pymin(c1, c2), _pymin(c3, c4)), -1.0)
+    b = _nxt(_pymax(_pymax(c1, c2), _pymax(c3, c4)), 1.0)
+    nan = (c1 != c1) | (c2 != c2) | (c3 != c3) | (c4 != c4)
+    return np.where(nan, -np.inf, a), np.where(nan, np.inf, b)
+
+
+def norm_rows(lo, hi, nrow, n, rms, eps_lo, eps_hi, has_w, wlo, whi, has_b, blo, bhi, g, u, uf,
+              limit, tiny, mbits, emin, top, q, out_lo, out_hi):
+    """`kernels.norm_rows`: the norm rule of `rows` per row of n entries (layer norm, or RMS
+    norm when rms), its float64 steps vectorised over the rows; a row holding an infinite or
+    NaN end, or whose squares may overflow (4 n max|x|^2 >= limit), the whole line; rounded
+    outward into the format when mbits >= 0."""
+    if not numpy_tier(lo.size) or nrow <= 0 or n <= 0 or _format(mbits, emin, top) is None:
+        return kernels.norm_rows(lo, hi, nrow, n, rms, eps_lo, eps_hi, has_w, wlo, whi, has_b,
+                                 blo, bhi, g, u, uf, limit, tiny, mbits, emin, top, q, out_lo,
+                                 out_hi)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        y_lo, y_hi = _norm_rows(lo[:nrow * n].reshape(nrow, n), hi[:nrow * n].reshape(nrow, n),
+                                n, rms, eps_lo, eps_hi, has_w, wlo, whi, has_b, blo, bhi, g, u,
+                                uf, limit, tiny)
+    out_lo[:nrow * n], out_hi[:nrow * n] = y_lo.reshape(-1), y_hi.reshape(-1)
+    if mbits >= 0:
+        _outward(out_lo, out_hi, mbits, emin, top, q)
+    return None
+
+
+def _norm_rows(L, H, n, rms, eps_lo, eps_hi, has_w, wlo, whi, has_b, blo, bhi, g, u, uf, limit,
+               tiny):
+    """`norm_rows`' rows (L, H: (rows, n)) before the outward rounding."""
+    whole = ((L - L != 0) | (H - H != 0)).any(axis=1, keepdims=True)
+    # the kernel's max(xmax, max(|lo|, |hi|)) from 0 in turn: on a row of finite ends (the
+    # rest are the whole line) any order gives the same largest |end|
+    xmax = np.max(np.maximum(np.abs(L), np.abs(H)), axis=1, keepdims=True, initial=0.0)
+    whole |= 4 * n * (xmax * xmax) >= limit
+    if rms:
+        d_lo, d_hi = L, H
+    else:
+        s = [_rowsums(z)[:, None] for z in (L, H, np.abs(L), np.abs(H))]
+        m_lo, m_hi = s[0] / n, s[1] / n
+        sl = s[2] / n + s[3] / n
+        sl = g * sl + 2 * n * u * tiny
+        m_lo, m_hi = _nxt(m_lo - sl, -1.0), _nxt(m_hi + sl, 1.0)
+        d_lo, d_hi = _nxt(L - m_hi, -1.0), _nxt(H - m_lo, 1.0)
+    a, b = d_lo * d_lo, d_hi * d_hi  # squares (`_square`)
+    straddle = (d_lo <= 0) & (d_hi >= 0)
+    sq_lo = np.where(straddle, 0.0, _nxt(_pymin(a, b), -1.0))
+    sq_hi = _nxt(_pymax(a, b), 1.0)
+    s0, s1 = _rowsums(sq_lo)[:, None], _rowsums(sq_hi)[:, None]
+    v_lo = _nxt(s0 / n * (1 - g) - 4 * tiny, -1.0)
+    v_hi = _nxt(s1 / n * (1 + g) + 4 * tiny, 1.0)
+    r_hi = _nxt(1.0 / np.sqrt(_nxt(_pymax(v_lo, 0.0) + eps_lo, -1.0)) * (1 + g), 1.0)
+    r_lo = _nxt(1.0 / np.sqrt(_nxt(v_hi + eps_hi, 1.0)) * (1 - g), -1.0)
+    r_lo = np.where(r_lo != r_lo, 0.0, r_lo)
+    y_lo, y_hi = _mul1(d_lo, d_hi, r_lo, r_hi)
+    xhat = _pymax(np.abs(y_lo), np.abs(y_hi))
+    wabs, babs = 1.0, 0.0
+    if has_w:
+        y_lo, y_hi = _mul1(y_lo, y_hi, wlo[:n], whi[:n])
+        wabs = _pymax(np.abs(wlo[:n]), np.abs(whi[:n]))
+    if has_b:
+        y_lo, y_hi = _outward1(y_lo + blo[:n], y_hi + bhi[:n])
+        babs = _pymax(np.abs(blo[:n]), np.abs(bhi[:n]))
+    yabs = _pymax(np.abs(y_lo), np.abs(y_hi))
+    e = u * ((2 * n + 16) * xmax * r_hi * wabs + 4 * yabs + 2 * babs)
+    e = e + 2 * uf * (2 * xhat * wabs + babs + yabs)
+    e = np.where(e != e, np.inf, e)
+    y_lo, y_hi = _nxt(y_lo - e, -1.0), _nxt(y_hi + e, 1.0)
+    return np.where(whole, -np.inf, y_lo), np.where(whole, np.inf, y_hi)
+
+
+def softmax_out(ea, eb, n, g, rel, tiny, row_nan, out_lo, out_hi):
+    """`kernels.softmax_out`: per row of n entries, s_i in [e^lo_i / (e^lo_i + sum_(j!=i)
+    e^hi_j), e^hi_i / (e^hi_i + sum_(j!=i) e^lo_j)] in float64 steps (sums in `fused.rowsum`'s
+    order), clipped to [0, 1]; rows in row_nan the whole line."""
+    if n <= 0 or not numpy_tier(ea.size):
+        return kernels.softmax_out(ea, eb, n, g, rel, tiny, row_nan, out_lo, out_hi)
+    rows = ea.size // n
+    A, B = ea[:rows * n].reshape(rows, n), eb[:rows * n].reshape(rows, n)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        e_hi = B * (1 + rel) + tiny
+        x = A * (1 - rel) - tiny
+        e_lo = np.where((x != x) | (x > 0), x, 0.0)  # np.maximum(., 0.0)
+        s_hi = _rowsums(e_hi)[:, None] * (1 + g)
+        s_lo = _rowsums(e_lo)[:, None] * (1 - g)
+        d_hi, d_lo = s_hi - e_lo, s_lo - e_hi
+        other_hi = np.where((d_hi != d_hi) | (d_hi > 0), d_hi, 0.0) * (1 + 2.0**-50) + tiny
+        other_lo = np.where((d_lo != d_lo) | (d_lo > 0), d_lo, 0.0) * (1 - 2.0**-50)
+        x = e_lo / (e_lo + other_hi) * (1 - 2.0**-50)
+        y = e_hi / (e_hi + other_lo) * (1 + 2.0**-50)
+    x = np.where((x != x) | (x < 0), 0.0, np.where(x > 1, 1.0, x))
+    y = np.where(y != y, 1.0, np.where(y < 0, 0.0, np.where(y > 1, 1.0, y)))
+    nan = np.asarray(row_nan[:rows], bool)[:, None]
+    out_lo[:rows * n] = np.where(nan, -np.inf, x).reshape(-1)
+    out_hi[:rows * n] = np.where(nan, np.inf, y).reshape(-1)
     return None

@@ -387,3 +387,175 @@ def test_softmax_out_past_the_tier_calls_the_kernel(monkeypatch):
     small.softmax_out(ea[:m - n], eb[:m - n], n, 1e-14, 2.0**-52, 2.0**-1074, row_nan,
                       np.empty(m - n), np.empty(m - n))
     assert calls == [1]
+
+
+MM_INNER = (1, 7, 8, 9, 127, 128, 129, 300)
+MM_FORMATS = ("float32", "bfloat16", "float16")
+
+
+def mm_box(size: int, seed: int, mild: bool = False):
+    """(lo, hi) of size entries: ordinary values, with zeros, subnormals, huge values (past
+    float32's largest and float64's half largest), infinite ends, NaN ends and hard values
+    (mild: ordinary values, zeros and subnormals only, rarer)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(size) * rng.choice([1e-3, 1.0, 3e2], size)
+    w = np.abs(rng.standard_normal(size)) * rng.choice([0.0, 1e-6, 0.1], size)
+    lo, hi = x - w, x + w
+    kind = rng.integers(0, 40 if mild else 12, size)
+    if mild:
+        kind = np.where(kind < 4, kind, 99)
+    hard_lo, hard_hi = pair(size, seed)
+    with np.errstate(over="ignore", under="ignore"):
+        for k, lo_v, hi_v in ((0, 0.0, 0.0), (1, -0.0, 0.0), (2, lo * 1e-42, hi * 1e-42),
+                              (3, lo * 1e-310, hi * 1e-310), (4, lo * 1e39, hi * 1e39),
+                              (5, -np.finfo(np.float64).max, np.finfo(np.float64).max),
+                              (6, lo, np.inf), (7, -np.inf, hi), (8, np.nan, hi),
+                              (9, hard_lo, hard_hi)):
+            sel = kind == k
+            lo = np.where(sel, lo_v, lo)
+            hi = np.where(sel, hi_v, hi)
+    return np.ascontiguousarray(lo), np.ascontiguousarray(hi)
+
+
+def operand_both(lo, hi, nb, nr, nc, by_rows, fmt):
+    """small.mm_operand and kernels.mm_operand as `products._operand` calls them; for each,
+    (return value, mid, stack, rows, lo, hi after the call)."""
+    g64 = arith.gamma(nc + 4, 2.0**-53)
+    size = nb * nr * nc
+    outs = []
+    for fn in (small.mm_operand, kernels.mm_operand):
+        mid, stack = np.full(size, 3.25), np.full(2 * size, 3.25, dtype=np.float32)
+        rows = np.full(nb * nr if by_rows else 1, 3.25)
+        a, b = lo.copy(), hi.copy()
+        top = fn(a, b, nb, nr, nc, by_rows, *arith.rounding(fmt), 1 + 4 * g64, 1 + 2 * g64, mid,
+                 stack, rows)
+        outs.append((top, mid, stack, rows, a, b))
+    return outs
+
+
+def assert_same_operand(got):
+    (t1, *r1), (t2, *r2) = got
+    assert same_bits(t1, t2), (t1, t2)
+    for x, y in zip(r1, r2, strict=True):
+        assert same_bits(x, y)
+
+
+@pytest.mark.parametrize("nc", MM_INNER)
+@pytest.mark.parametrize("fmt", MM_FORMATS)
+@pytest.mark.parametrize("by_rows", [True, False])
+def test_mm_operand_matches_the_kernel(nc, fmt, by_rows):
+    for nb, nr in ((1, 1), (1, 5), (3, 4)):
+        lo, hi = mm_box(nb * nr * nc, nc + nr + len(fmt))
+        assert_same_operand(operand_both(lo, hi, nb, nr, nc, by_rows, fmt))
+        fin = np.isfinite(lo) & np.isfinite(hi)  # no NaN: the largest entry returned
+        lo, hi = np.where(fin, lo, 0.5), np.where(fin, hi, 1.0)
+        assert_same_operand(operand_both(lo, hi, nb, nr, nc, by_rows, fmt))
+
+
+def test_mm_operand_on_its_edges():
+    """All-negative radii (empty intervals: the largest is 0), -0 ends, float64's largest."""
+    for lo, hi in ((np.full(8, 2.0), np.full(8, 1.0)), (np.full(8, -0.0), np.full(8, -0.0)),
+                   (np.full(8, -np.finfo(np.float64).max), np.full(8, np.finfo(np.float64).max))):
+        for by_rows in (True, False):
+            assert_same_operand(operand_both(lo, hi, 2, 2, 2, by_rows, "bfloat16"))
+
+
+def test_mm_operand_past_the_tier_calls_the_kernel(monkeypatch):
+    calls = []
+    real = kernels.mm_operand
+    monkeypatch.setattr(kernels, "mm_operand", lambda *a: calls.append(a[0].size) or real(*a))
+    nc = 128
+    nr = small.NUMPY_MAX_SIZE // nc  # the tier: the operand's nr x nc values
+    for rows, expect in ((nr, []), (nr + 1, [(nr + 1) * nc])):
+        lo, hi = mm_box(rows * nc, 3)
+        size = rows * nc
+        small.mm_operand(lo, hi, 1, rows, nc, True, *arith.rounding("float16"), 1.0, 1.0,
+                         np.empty(size), np.empty(2 * size, dtype=np.float32), np.empty(rows))
+        assert calls == expect
+
+
+def close_args(nb, m, k, n, leaf, fmt, has_bias, seed, orel=0.0, mild=False):
+    """`kernels.mm_close`'s arguments as `products._mm32` makes them (without the outputs),
+    from operands of `mm_box` values, with hard values put into the float32 products (mild:
+    mild operands, a few hard products, so that most results are finite)."""
+    from precisionlab.intervals.torch_ops import products
+    rng = np.random.default_rng(seed)
+    g64 = arith.gamma(k + 4, 2.0**-53)
+    lo, hi = mm_box(nb * m * k, seed, mild)
+    mid = np.empty(nb * m * k)
+    sa = np.empty(2 * nb * m * k, dtype=np.float32)
+    rows = np.empty(nb * m)
+    top = kernels.mm_operand(lo, hi, nb, m, k, True, *arith.rounding(fmt), 1 + 4 * g64,
+                             1 + 2 * g64, mid, sa, rows)
+    am, sa = mid.reshape(nb, m, k), sa.reshape(nb, 2 * m, k)
+    with np.errstate(all="ignore"):
+        if leaf:
+            wt = (rng.standard_normal((nb, k, n)) * 0.3).astype(np.float32)
+            pm, prod = am @ wt.astype(np.float64), sa @ np.abs(wt)
+            top, (rho, tau) = top + float(np.abs(wt).max()), (2.0**-9, 2.0**-24)
+        else:
+            blo, bhi = mm_box(nb * k * n, seed + 1, mild)
+            bm = np.empty(nb * k * n)
+            sb = np.empty(2 * nb * k * n, dtype=np.float32)
+            top = top + kernels.mm_operand(blo, bhi, nb, k, n, False, *arith.rounding(fmt),
+                                           1 + 4 * g64, 1 + 2 * g64, bm, sb, np.empty(1))
+            pm = am @ bm.reshape(nb, k, n)
+            prod = sa @ sb.reshape(nb, k, 2 * n)
+            rho = tau = 0.0
+    pm, prod = pm.reshape(-1).copy(), prod.reshape(-1).copy()
+    rare = 0.001 if mild else 1.0
+    spots = rng.random(prod.size) < 0.05 * rare
+    prod[spots] = rng.choice(np.array([0.0, np.inf, np.nan, 1e-45, 3e38, 1.0],
+                                      dtype=np.float32), int(spots.sum()))
+    spots = rng.random(pm.size) < 0.03 * rare
+    pm[spots] = rng.choice([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-310, 1e308], int(spots.sum()))
+    bias = None
+    if has_bias:
+        b1, b2 = mm_box(n, seed + 2, mild)
+        b1, b2 = np.minimum(b1, b2), np.maximum(b1, b2)
+        b1[::5], b2[::5] = b1[::5], b1[::5]  # points, infinite ones among them
+        b1[1::7] = b2[1::7] = np.inf
+        b1[3::11] = b2[3::11] = -np.inf
+        bias = arith.round_into(arith.bare(b1, b2), fmt)
+    top = top if top == top else 0.0
+    return (pm, prod, nb, m, n, leaf, rows, rho, tau, 1 + 2 * arith.gamma(k + 2, 2.0**-24),
+            2 * k * 2.0**-126 * (1 + top), float(orel), n,
+            *products._close_args(k, bias, fmt, g64), *arith.rounding(fmt))
+
+
+def close_both(args):
+    """small.mm_close and kernels.mm_close on copies of args: (return value, lo, hi) each."""
+    size = args[0].size
+    outs = []
+    for fn in (small.mm_close, kernels.mm_close):
+        o1, o2 = np.full(size, 3.25), np.full(size, -3.25)
+        r = fn(*[a.copy() if isinstance(a, np.ndarray) else a for a in args], o1, o2)
+        outs.append((r, o1, o2))
+    return outs
+
+
+@pytest.mark.parametrize("k", MM_INNER)
+@pytest.mark.parametrize("fmt", MM_FORMATS)
+@pytest.mark.parametrize("leaf", [True, False])
+def test_mm_close_matches_the_kernel(k, fmt, leaf):
+    for nb, m, n in ((1, 1, 1), (1, 6, 9), (2, 3, 130)):
+        for has_bias in (False, True):
+            for orel, mild in ((0.0, False), (2.0**-10, False), (0.0, True), (2.0**-10, True)):
+                args = close_args(nb, m, k, n, leaf, fmt, has_bias, k + m + n, orel, mild)
+                (r1, a1, b1), (r2, a2, b2) = close_both(args)
+                assert r1 == r2 and same_bits(a1, a2) and same_bits(b1, b2), (nb, m, n)
+
+
+def test_mm_close_past_the_tier_calls_the_kernel(monkeypatch):
+    calls = []
+    real = kernels.mm_close
+    monkeypatch.setattr(kernels, "mm_close", lambda *a: calls.append(a[1].size) or real(*a))
+    n = 128
+    m = small.NUMPY_MAX_SIZE // n  # the tier: the output's m x n values
+    few = close_args(1, m, 9, n, True, "bfloat16", True, 4)
+    assert few[0].size == small.NUMPY_MAX_SIZE < few[1].size  # prod: 2 m x n
+    small.mm_close(*few, np.empty(m * n), np.empty(m * n))
+    assert calls == []
+    big = close_args(1, m + 1, 9, n, True, "bfloat16", True, 4)
+    small.mm_close(*big, np.empty((m + 1) * n), np.empty((m + 1) * n))
+    assert calls == [big[1].size]

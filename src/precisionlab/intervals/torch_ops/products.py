@@ -1,8 +1,9 @@
 """Matrix products for triage's rules in midpoint-radius form: leaves as t +- (rho |t| + tau)
 (`Leaf`), operands and products in float64 and float32 BLAS with rigorous upper bounds
 (`upper_product`, `leaf_products`, `box_products`), and the bound of the accumulated sum
-(`close_products`); `mm` takes compiled passes (`kernels`) around the two BLAS products where
-torch's float32 matmul is IEEE (kernel model: `rules`)."""
+(`close_products`); `mm` takes compiled passes (`kernels`; their NumPy twins in `small` for
+small inputs) around the two BLAS products where torch's float32 matmul is IEEE (kernel model:
+`rules`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ...formats import contains, get_format
 from ..bounds import matmul as kernel_matmul
 from ..interval import Interval
 from ..ops import add as kernel_add
-from . import fused, kernels
+from . import fused, small
 from .arith import (
     ABS_SLACK,
     UnsupportedOperation,
@@ -350,21 +351,22 @@ def _mm_blas(a: Interval, b, bias, fmt: str, b_t: bool, operand_rel: float, rr):
 
 
 def _operand(x: Interval, nb: int, nr: int, nc: int, by_rows: bool, fmt: str, g64: float):
-    """`kernels.mm_operand` of x as nb blocks of nr x nc: (mid, float32 stack, row sums, max)."""
+    """`kernels.mm_operand` (its NumPy twin in the small tier) of x as nb blocks of nr x nc:
+    (mid, float32 stack, row sums, max)."""
     mid = np.empty(nb * nr * nc)
     stack = np.empty(2 * nb * nr * nc, dtype=np.float32)
     rows = np.empty(nb * nr if by_rows else 1)
-    top = kernels.mm_operand(fused.flat(x.lo), fused.flat(x.hi), nb, nr, nc, by_rows,
-                             *rounding(fmt), 1 + 4 * g64, 1 + 2 * g64, mid, stack, rows)
+    top = small.mm_operand(fused.flat(x.lo), fused.flat(x.hi), nb, nr, nc, by_rows,
+                           *rounding(fmt), 1 + 4 * g64, 1 + 2 * g64, mid, stack, rows)
     return torch.from_numpy(mid), torch.from_numpy(stack), rows, top
 
 
 def _mm32(a: Interval, b, bias, fmt: str, b_t: bool, orel: float, rr):
     """`mm`'s bounds for a float16/bfloat16/float32 result (float32 accumulation) when torch's
     float32 matmul is IEEE: the same steps (`leaf_products` for a `Leaf` b with radius rr, else
-    `box_products`; `close_products`) in compiled passes around the two BLAS products, the
-    same values but for the order of the row sums that tau multiplies (any order is within
-    their slack); None where it does not apply (empty, broadcast batch axes, a bias that is
+    `box_products`; `close_products`) in compiled passes (`small`'s twins for small inputs)
+    around the two BLAS products, the same values but for the order of the row sums that tau
+    multiplies (any order is within their slack); None where it does not apply (empty, broadcast batch axes, a bias that is
     not one entry per column, a float64 leaf)."""
     leaf = rr is not None
     bshape = tuple(b.shape)
@@ -402,9 +404,9 @@ def _mm32(a: Interval, b, bias, fmt: str, b_t: bool, orel: float, rr):
         bias = round_into(bias, fmt)
     lo, hi = np.empty(nb * m * n), np.empty(nb * m * n)
     pm = pm.numpy().reshape(-1)
-    if kernels.mm_close(pm, prod.numpy().reshape(-1), nb, m, n, leaf, rows, rho, tau,
-                        1 + 2 * gamma(k + 2, 2.0**-24), 2 * k * 2.0**-126 * (1 + top),
-                        float(orel), n, *_close_args(k, bias, fmt, g64), *rounding(fmt), lo, hi):
+    if small.mm_close(pm, prod.numpy().reshape(-1), nb, m, n, leaf, rows, rho, tau,
+                      1 + 2 * gamma(k + 2, 2.0**-24), 2 * k * 2.0**-126 * (1 + top),
+                      float(orel), n, *_close_args(k, bias, fmt, g64), *rounding(fmt), lo, hi):
         return bare(lo.reshape(*a.shape[:-1], n), hi.reshape(*a.shape[:-1], n))
     return mk(lo.reshape(*a.shape[:-1], n), hi.reshape(*a.shape[:-1], n))
 

@@ -1,12 +1,13 @@
 """NumPy twins of `fused`'s elementwise kernels and of `kernels`' row passes (norm rows, the
-softmax's) for small inputs, and the size tier that picks between them. Compiling a kernel on a
-cold cache costs 0.2-3 s, which pays only where the arrays are large: below `NUMPY_MAX_SIZE`
-values each kernel here takes NumPy steps that give the compiled kernel's float64 values bit for
-bit (nextafter, `rounding.round_to`'s NumPy tier, the same IEEE operations in the same order;
-tests/test_intervals_small.py checks each against the compiled kernel on edge values at sizes on
-both sides of the tier). The tier depends on the input's size only, never on what ran before, so
-a result does not depend on the call history. Each function takes the arguments of its `fused`
-(or `kernels`) namesake and returns what it returns."""
+softmax's) and matrix-product passes (`mm_operand`, `mm_close`) for small inputs, and the size
+tier that picks between them. Compiling a kernel on a cold cache costs 0.2-3 s, which pays only
+where the arrays are large: below `NUMPY_MAX_SIZE` values each kernel here takes NumPy steps
+that give the compiled kernel's float64 values bit for bit (nextafter, `rounding.round_to`'s
+NumPy tier, the same IEEE operations in the same order; tests/test_intervals_small.py checks
+each against the compiled kernel on edge values at sizes on both sides of the tier). The tier
+depends on the input's size only, never on what ran before, so a result does not depend on the
+call history. Each function takes the arguments of its `fused` (or `kernels`) namesake and
+returns what it returns."""
 
 from __future__ import annotations
 
@@ -368,3 +369,104 @@ def softmax_out(ea, eb, n, g, rel, tiny, row_nan, out_lo, out_hi):
     out_lo[:rows * n] = np.where(nan, -np.inf, x).reshape(-1)
     out_hi[:rows * n] = np.where(nan, np.inf, y).reshape(-1)
     return None
+
+
+def _up32(x: np.ndarray) -> np.ndarray:
+    """`kernels._up32` elementwise: nextafter(float32(x), +inf) in float32, +-0 to the smallest
+    positive subnormal, +inf and NaN kept."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        b = x.astype(np.float32).view(np.int32)
+    mag = b & 0x7FFFFFFF
+    keep = (mag > 0x7F800000) | (b == 0x7F800000)
+    moved = np.where(mag == 0, np.int32(1), np.where(b > 0, b + np.int32(1), b - np.int32(1)))
+    return np.where(keep, b, moved).astype(np.int32).view(np.float32)
+
+
+def mm_operand(lo, hi, nb, nr, nc, by_rows, mbits, emin, top, q, c_rad, c_rows, mid, stack,
+               rows):
+    """`kernels.mm_operand`: an operand of `products.mm`'s float32 path, nb blocks of nr x nc,
+    rounded outward, in midpoint-radius form (mid), its |mid| and radii rounded up into float32
+    stacked (by_rows: blocks of 2 nr x nc, else rows of 2 nc), by_rows: the row sums (in
+    `fused.rowsum`'s order); returns max(stack, 0), NaN if any. The tier is the operand's
+    size (nb nr nc; its stack is twice that)."""
+    size = nb * nr * nc
+    if size <= 0 or not numpy_tier(size) or _format(mbits, emin, top) is None:
+        return kernels.mm_operand(lo, hi, nb, nr, nc, by_rows, mbits, emin, top, q, c_rad,
+                                  c_rows, mid, stack, rows)
+    a, b = lo[:size].copy(), hi[:size].copy()
+    _outward(a, b, mbits, emin, top, q)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        m = a / 2 + b / 2
+        d1, d2 = b - m, m - a
+        rad = np.where((d1 != d1) | (d2 != d2), np.nan, np.where(d1 > d2, d1, d2) * c_rad)
+    mid[:size] = m
+    s1, s2 = _up32(np.abs(m)), _up32(rad)
+    st = stack[:2 * size].reshape((nb, 2, nr, nc) if by_rows else (nb * nr, 2, nc))
+    st[:, 0], st[:, 1] = s1.reshape(st[:, 0].shape), s2.reshape(st[:, 1].shape)
+    if by_rows:
+        with np.errstate(over="ignore", invalid="ignore"):
+            rows[:nb * nr] = (_rowsums(np.abs(m).reshape(nb * nr, nc)) +
+                              _rowsums(rad.reshape(nb * nr, nc))) * c_rows
+    if np.isnan(s1).any() or np.isnan(s2).any():
+        return np.nan
+    return float(max(np.float32(0), s1.max(), s2.max()))
+
+
+def mm_close(pm, prod, nb, nm, nn, leaf, rows, rho, tau, c_up, c_add, orel, ncol, bias, blo,
+             bhi, g64, c1, c2, c3, uf, qf, grow_f, limit_f, grow_acc, limit_acc, mbits, emin,
+             top, q, out_lo, out_hi):
+    """`kernels.mm_close`: the float32 path's radii from prod (blocks of 2 nm x nn for a leaf,
+    2 nm x 2 nn for two boxes) read as prod c_up + c_add, combined, widened by orel, closed
+    (`fused.close`) and rounded outward into the format; whether every out_lo <= out_hi. The
+    tier is the output's size (nb nm nn; prod is two or four times that)."""
+    size = nb * nm * nn
+    if (size <= 0 or ncol <= 0 or not numpy_tier(size) or pm.size != size or
+            _format(mbits, emin, top) is None):
+        return kernels.mm_close(pm, prod, nb, nm, nn, leaf, rows, rho, tau, c_up, c_add, orel,
+                                ncol, bias, blo, bhi, g64, c1, c2, c3, uf, qf, grow_f, limit_f,
+                                grow_acc, limit_acc, mbits, emin, top, q, out_lo, out_hi)
+    w = nn if leaf else 2 * nn
+    P = prod[:nb * 2 * nm * w].reshape(nb, 2 * nm, w).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        qq = P[:, :nm, :nn] * c_up + c_add
+        rr = P[:, nm:, :nn] * c_up + c_add
+        if leaf:
+            x = tau * rows[:nb * nm].reshape(nb, nm, 1)
+            p, sv = (rho * qq + (1 + rho) * rr) + x, (1 + rho) * (qq + rr) + x
+        else:
+            p2 = P[:, :nm, nn:] * c_up + c_add
+            p4 = P[:, nm:, nn:] * c_up + c_add
+            p = (p2 + rr) + p4
+            sv = qq + p
+        if orel != 0:
+            p, sv = p + orel * sv, sv * (1 + orel)
+        lo, hi = _close(pm[:size].reshape(-1, ncol), p.reshape(-1, ncol), sv.reshape(-1, ncol),
+                        ncol, bias, blo, bhi, g64, c1, c2, c3, uf, qf, grow_f, limit_f,
+                        grow_acc, limit_acc)
+    out_lo[:size], out_hi[:size] = lo.reshape(-1), hi.reshape(-1)
+    return _outward(out_lo, out_hi, mbits, emin, top, q)
+
+
+def _close(p, rr, t, ncol, bias, blo, bhi, g64, c1, c2, c3, uf, qf, grow_f, limit_f, grow_acc,
+           limit_acc):
+    """`fused.close` on (rows, ncol) arrays: (lo, hi), the bias [blo, bhi] (one entry per
+    column) in midpoint-radius form, an infinite point entry as 0 +- 0 and then kept."""
+    extra, over = 0.0, False
+    inf_b = False
+    if bias:
+        bl, bh = blo[:ncol], bhi[:ncol]
+        inf_b = (bl == bh) & (bl - bl != 0)
+        m = bl / 2 + bh / 2
+        d1, d2 = bh - m, m - bl
+        r = np.where((d1 != d1) | (d2 != d2), np.nan, np.where(d1 > d2, d1, d2) * (1 + 4 * g64))
+        bmid, brad = np.where(inf_b, 0.0, m), np.where(inf_b, 0.0, r)
+        if uf > 0:
+            extra = 1.01 * uf * t + qf
+            over = t * grow_f >= limit_f
+        p, rr, t = p + bmid, rr + brad, t + np.abs(bmid) + brad
+    rad = (rr + c1 * t + extra) * c2 + c3
+    lo, hi = _nxt(p - rad, -1.0), _nxt(p + rad, 1.0)
+    whole = over | (t * grow_acc >= limit_acc)
+    if bias:
+        lo, hi = np.where(inf_b, bl, lo), np.where(inf_b, bh, hi)
+    return np.where(whole, -np.inf, lo), np.where(whole, np.inf, hi)

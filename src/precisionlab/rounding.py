@@ -11,15 +11,12 @@ Two back ends give bit-identical answers:
   below the kept bits, then clear them. Carries ripple into the exponent on their own, which
   is why this recipe is exact. It covers everything the libraries lack (tf32, nearest-away,
   directed and stochastic modes, float64 inputs without double rounding, non-saturating
-  e4m3fn, saturating IEEE formats). The recipe runs in three tiers that differ only in
-  speed, chosen by the input's length alone: Python ints for a handful of values,
-  whole-array NumPy operations below 4096 values, and a fused numba loop from 4096 values on
-  (parallel on arrays of 2^20 or more when torch may use several threads). So importing this
-  module and rounding short arrays never waits for a compiler (0.3-1 s cold, less from
-  numba's on-disk cache), and the tier a call takes never depends on earlier calls. Every element is rounded on its
-  own and stochastic mode draws element i from SplitMix64(seed + i), so results do not
-  depend on the tier, the thread count or the CPU. The recipe and its three tiers are in
-  `rounding_kernel`; this module picks the tier.
+  e4m3fn, saturating IEEE formats). Its three tiers (`rounding_kernel`: Python ints, NumPy
+  below 4096 values, a numba loop from 4096 on, parallel from 2^20 on several threads) differ
+  only in speed and are picked by the input's length alone, so short arrays never wait for a
+  compiler and no call depends on earlier ones. Each element is rounded on its own, and
+  stochastic mode draws element i from SplitMix64(seed + i): results do not depend on the
+  tier, the thread count or the CPU.
 
 `backend="auto"` uses the native cast for float32 targets and for float16 below 4096
 values, and the kernel elsewhere, because a round trip through torch's narrow dtypes is two

@@ -106,6 +106,22 @@ def test_fast_nearest_even_paths_agree_bit_for_bit_on_boundary_patterns(name):
 
 
 @pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+@pytest.mark.parametrize("name", NATIVE)
+def test_short_float32_tensors_take_torch_casts_with_the_kernels_bits(name):
+    """Below 4096 values a float32 tensor is cast in torch (no NumPy trip): the NumPy tier's bits."""
+    sat = bool(native_saturates(name))
+    words = sample_patterns(1 << 14)
+    for chunk in np.array_split(words, -(-words.size // 4000)):
+        x = chunk.view(np.float32).reshape(-1, 8) if chunk.size % 8 == 0 else chunk.view(np.float32)
+        t = torch.from_numpy(x.copy())
+        got = round_to(t, name, saturate=sat)
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.float32 and got.shape == t.shape
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = round_to(x, name, backend="emulated", saturate=sat)
+        assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32)), name
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 def test_the_fused_loop_ignores_flush_to_zero():
     """torch.set_flush_denormal(True) sets FTZ/DAZ: float32 subnormal inputs read as zero.
 

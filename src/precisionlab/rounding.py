@@ -2,11 +2,9 @@
 
 Two back ends give bit-identical answers:
 
-* **native** — where a library already casts exactly (round-to-nearest-even from float32
-  into float16, bfloat16 and float8_e5m2 with torch, and into float8_e4m3fn with the
-  overflow rule this torch has: saturating from torch 2.13, NaN before; float64 into
-  float32 with NumPy), casting there and back. NaNs come back as the quiet NaN with the
-  input's sign, the kernel's pattern (a library cast keeps payload bits).
+* **native** (`rounding_native`) — where a library already casts exactly (round-to-nearest-
+  even from float32 into float16, bfloat16 and the float8 formats with torch, float64 into
+  float32 with NumPy), casting there and back, NaNs given the kernel's pattern.
 * **emulated** — integer arithmetic on the bit patterns: add a mode-dependent increment
   below the kept bits, then clear them. Carries ripple into the exponent on their own, which
   is why this recipe is exact. It covers everything the libraries lack (tf32, nearest-away,
@@ -18,10 +16,11 @@ Two back ends give bit-identical answers:
   stochastic mode draws element i from SplitMix64(seed + i): results do not depend on the
   tier, the thread count or the CPU.
 
-`backend="auto"` uses the native cast for float32 targets and for float16 below 4096
-values, and the kernel elsewhere, because a round trip through torch's narrow dtypes is two
-casts and a temporary and measured slower than the kernel's single pass from 4096 values on
-(see benchmarks/bench_rounding.py); the tests hold both back ends to the oracles, and to each
+`backend="auto"` uses the native cast for float32 targets and for float32 inputs below 4096
+values (a float32 CPU tensor is cast in torch, without NumPy), and the kernel elsewhere: a
+round trip through torch's narrow dtypes is two casts and a temporary, faster than NumPy
+on short arrays and slower than the kernel's single pass from 4096 values on (see
+benchmarks/bench_rounding.py); the tests hold both back ends to the oracles, and to each
 other on every float32 bit pattern (tests/test_rounding_native.py).
 
 Inputs may be NumPy arrays, Python scalars or torch tensors; the result is of the same kind.
@@ -31,16 +30,14 @@ first (exactly), since the rounded values need not fit the input's own format.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from . import rounding_kernel
 from .checks import check_choice
 from .exact import as_float64
-from .formats import FORMATS, FloatFormat, get_format
+from .formats import FORMATS, get_format
 from .rounding_kernel import (
     DOWN,
     NEAREST_AWAY,
@@ -51,6 +48,7 @@ from .rounding_kernel import (
     emulate_into,
     emulate_mx_into,
 )
+from .rounding_native import auto_takes_native, native_cast, native_tensor
 
 __all__ = [
     "DETERMINISTIC_MODES",
@@ -176,105 +174,27 @@ def _to_numpy(x):
     return np.ascontiguousarray(a), lambda r: r if r.shape == shape else r.reshape(shape)
 
 
-# Where "auto" takes the library cast. Every native cast is exact, but a round trip through
-# torch's narrow dtype is two conversions, and for bfloat16 and the fp8 formats it measured
-# slower than the kernel's single fused pass (benchmarks/bench_rounding.py); float16 stays
-# native on short arrays (_auto_takes_native), as does NumPy's float64 -> float32.
-_AUTO_NATIVE = frozenset({"float16", "float32"})
-
-
-@functools.cache
-def _torch_e4m3fn_saturates() -> bool | None:
-    """True if torch's float32 -> float8_e4m3fn cast takes overflow and inf to +-448; False: NaN."""
-    # torch 2.13 made the cast saturate (2.13 to 2.15 measured); 2.3 to 2.12 give NaN there,
-    # as ml_dtypes does.
-    # 67 values: long enough for the vectorised kernel, with a scalar tail.
-    x = torch.tensor([464.0, 465.0, 1e6, float("inf"), -float("inf")] * 13 + [448.0, -500.0])
-    y = x.to(torch.float8_e4m3fn).float()
-    if torch.equal(y, x.clamp(-448.0, 448.0)):
-        return True
-    fits = x.abs() <= 464  # 464 ties to 448 under either rule
-    if torch.equal(y[fits], x[fits].clamp(-448.0, 448.0)) and bool(y[~fits].isnan().all()):
-        return False
-    return None  # some other rule: no native cast for e4m3fn
-
-
-def _canonical_nans(a: np.ndarray, out: np.ndarray) -> None:
-    """Give every NaN of out the emulated back end's bits: the quiet NaN with a's sign.
-
-    A library cast keeps some of a NaN input's payload bits; the integer kernel writes the
-    quiet NaN (payload 0) with the input's sign, and so, after this, does the native path.
-    """
-    nan = np.isnan(out)
-    if nan.any():
-        out[nan] = np.copysign(np.array(np.nan, dtype=out.dtype), a[nan])
-
-
-def _native_cast(a: np.ndarray, fmt: FloatFormat, saturate: bool):
-    """A function out -> None that writes the library's exact fl(a) into out, or None."""
-    if a.dtype == np.float64 and fmt.name == "float32" and not saturate:
-        def cast64(out):
-            np.copyto(out, a.astype(np.float32))  # C double->float is RNE
-            _canonical_nans(a, out)
-        return cast64
-    # torch 2.13 casts float64 through float32 (double rounding), so only float32 inputs go
-    # native, whatever the version. torch 2.13's e8m0fnu cast takes 0 to 2^-127 and drops the
-    # sign; ml_dtypes (followed here) gives NaN: unsigned formats never go native.
-    if a.dtype != np.float32 or fmt.torch_dtype is None or fmt.name == "float32" or not fmt.signed:
-        return None
-    # torch (2.3 to 2.15 measured) takes overflow to inf in the formats that have one, as IEEE 754
-    # conversion does (tests/test_rounding.py checks the native casts against fractions); its
-    # e4m3fn overflow rule changed in 2.13 and is probed.
-    torch_saturates = _torch_e4m3fn_saturates() if fmt.name == "float8_e4m3fn" else False
-    if torch_saturates is None or torch_saturates != bool(saturate):
-        return None
-    def cast(out):
-        torch.from_numpy(out).copy_(torch.from_numpy(a).to(fmt.torch_dtype))
-        _canonical_nans(a, out)
-    return cast
-
-
-def _auto_takes_native(a: np.ndarray, fmt: FloatFormat) -> bool:
-    """Whether backend="auto" takes an exact native cast (given one) rather than the kernel."""
-    if a.dtype == np.float32 and fmt.name == "float16":
-        # torch's round trip is two casts and a temporary; from NUMBA_MIN_SIZE values on the
-        # kernel's one fused pass (_nearest_f32_loop: the same bits on every float32 pattern,
-        # tests/test_rounding_native.py) is faster, below it the round trip beats NumPy.
-        return a.size < rounding_kernel.NUMBA_MIN_SIZE
-    return fmt.name in _AUTO_NATIVE
-
-
 def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator | None = None,
              *, saturate: bool = False, backend: str = "auto", out: np.ndarray | None = None,
              compiled: bool = True):
     """fl(x): x rounded into `fmt` by `mode` (overflow gives inf, or NaN in e4m3fn, unless `saturate`).
 
-    mode: nearest_even (IEEE default), nearest_away (NVIDIA's fp32->tf32 conversion),
-    toward_zero, up (toward +inf), down (toward -inf), stochastic (up with probability equal
-    to the distance from the value below, in ulps; needs `generator`, whose stream it continues).
-    saturate: overflow and inf go to +-max_finite instead. torch 2.13 and later (2.13 to
-    2.15 measured) cast finite overflow and inf to float8_e4m3fn this way; ml_dtypes (0.4 to
-    0.7.0) and torch 2.3 to 2.12 give NaN, this function's default.
-    Directed modes rounding toward zero always stop at +-max_finite, as IEEE 754 prescribes.
+    Overflow: saturate sends overflow and inf to +-max_finite. torch 2.13 and later (2.13 to
+    2.15 measured) cast to float8_e4m3fn this way; ml_dtypes (0.4 to 0.7.0) and torch 2.3 to
+    2.12 give NaN, this function's default. Directed modes rounding toward zero always stop at
+    +-max_finite, as IEEE 754 prescribes.
     MX formats (OCP MX v1.0; ml_dtypes 0.5.1 and later agree bit for bit except where noted;
-    0.5.0, the first with them, rounds e8m0fnu ties to the even exponent code and does not
-    overflow to NaN: 0.75, 3 and 12 go to 0.5, 2 and 8, 1.5 * 2^127 to 2^127): float4_e2m1fn
-    and float6_* have neither inf nor NaN, so overflow and +-inf always saturate to
-    +-max_finite (the MX spec's clamp; `saturate` changes nothing); a NaN input has no
-    encoding and comes back NaN (ml_dtypes 0.5 to 0.7.0 return a zero). float8_e8m0fnu holds 2^k, -127 <= k <= 127: nearest_even ties go up (a 0-bit mantissa's last kept bit
-    is the implicit 1), values below 2^-127 go to 2^-127 in every mode (no zero), overflow
+    0.5.0 rounds e8m0fnu ties to the even exponent code and does not overflow to NaN):
+    float4_e2m1fn and float6_* have neither inf nor NaN, so overflow and +-inf saturate (the
+    spec's clamp); a NaN input comes back NaN (ml_dtypes 0.5 to 0.7.0 return a zero).
+    float8_e8m0fnu holds 2^k, -127 <= k <= 127: nearest_even ties go up (a 0-bit mantissa's
+    last kept bit is the implicit 1), values below 2^-127 go to 2^-127 in every mode, overflow
     and +inf give NaN (0xFF) unless `saturate` (then 2^127), and 0, negatives and NaN give
-    NaN, as ml_dtypes does (torch 2.13's e8m0fnu cast gives 2^-127 for 0 and drops the sign).
-    Where a library's cast strays from one correct rounding, this function does not follow.
-    Which casts stray is a fact about versions: ml_dtypes before 0.7.0 casts float64 into
-    these formats (and into bfloat16 and float8) through float32, rounding twice, and takes
-    float32 subnormals in (2^-127, 1.5 * 2^-127) up to 2^-126 in e8m0fnu; 0.7.0 rounds once
-    and to the nearest value there. torch 2.13 does both, as ml_dtypes before 0.7.0 did.
-    backend: "auto" takes the library cast for float32 targets and float16 below 4096
-    values (exact and fastest there) and the integer kernel otherwise; "native" forces the library cast and
-    raises where none is exact; "emulated" always runs the kernel. All agree bit for bit.
-    out: a contiguous float32/float64 NumPy array of x's shape and dtype to write into (saves
-    allocating, and first touching, a fresh result array on every call).
+    NaN, as ml_dtypes does (torch 2.13 gives 2^-127 for 0 and drops the sign).
+    Where a library's cast strays from one correct rounding, this function does not follow:
+    ml_dtypes before 0.7.0 casts float64 into these formats (and bfloat16, float8) through
+    float32, rounding twice, and takes float32 subnormals in (2^-127, 1.5 * 2^-127) up to
+    2^-126 in e8m0fnu; 0.7.0 rounds once, to the nearest value. torch 2.13 does both.
 
     Parameters
     ----------
@@ -287,15 +207,20 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
         The target format: anything `formats.get_format` accepts ("bfloat16", "fp16",
         "float8_e4m3fn", "tf32", "float4_e2m1fn", torch.float16, ...).
     mode : {"nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic"}, default "nearest_even"
-        The rounding mode (`MODES`).
+        The rounding mode (`MODES`): nearest_away is NVIDIA's fp32->tf32 conversion; up is
+        toward +inf, down toward -inf; stochastic rounds up with probability equal to the
+        distance from the value below, in ulps, continuing `generator`'s stream.
     generator : numpy.random.Generator or None, default None
         Required for mode "stochastic" (np.random.default_rng(seed)); ignored otherwise.
     saturate : bool, default False
         Overflow and +-inf go to +-max_finite instead of inf (or NaN in float8_e4m3fn).
     backend : {"auto", "native", "emulated"}, default "auto"
-        Which implementation runs; every backend gives the same bits.
+        Which implementation runs; all give the same bits. "auto" takes the library cast
+        where it is fastest (module docstring), "native" forces it and raises where none is
+        exact, "emulated" always runs the kernel.
     out : numpy.ndarray or None, default None
-        For a NumPy input only: a C-contiguous array of x's shape and dtype to write into.
+        For a NumPy input only: a C-contiguous array of x's shape and dtype to write into
+        (saves allocating, and first touching, a fresh result on every call).
     compiled : bool, default True
         False keeps the emulated recipe on its NumPy tier at any length, never compiling a
         numba loop: cheaper for a one-off rounding of up to a few million values from a cold
@@ -352,6 +277,10 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
             "stochastic rounding needs generator=np.random.default_rng(seed), "
             f"got generator={generator!r}"
         )
+    if isinstance(x, torch.Tensor) and out is None and code == NEAREST_EVEN:
+        fast = native_tensor(x.detach(), fmt, saturate, backend)
+        if fast is not None:
+            return fast
     a, restore = _to_numpy(x)
     if out is None:
         out = np.empty_like(a)
@@ -365,14 +294,14 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
     if fmt.name == "float64" or (fmt.name == "float32" and a.dtype == np.float32):
         np.copyto(out, a)  # every input value is already representable
         return restore(out)
-    native = _native_cast(a, fmt, saturate) if code == NEAREST_EVEN else None
+    native = native_cast(a, fmt, saturate) if code == NEAREST_EVEN else None
     if backend == "native" and native is None:
         raise ValueError(
             f"no exact native cast for {a.dtype} -> {fmt.name} with mode={mode!r}, "
             f"saturate={saturate}; use backend='auto' or 'emulated'"
         )
     if native is not None and (backend == "native"
-                               or (backend == "auto" and _auto_takes_native(a, fmt))):
+                               or (backend == "auto" and auto_takes_native(a, fmt))):
         native(out)
     elif fmt.has_nan and fmt.signed:
         emulate_into(a, out, fmt, code, generator, saturate, compiled)

@@ -73,3 +73,27 @@ def test_every_order_refuses_vectors_of_two_lengths(na, nb):
         demos.every_order(np.ones(na), np.ones(nb))
     with pytest.raises(ValueError, match=rf"a and b .* one length; got \({na},\) and \({nb},\)"):
         demos.orders_outside(np.ones(na), np.ones(nb))
+
+
+def test_injected_bug_adds_each_bug_to_products_computed_once():
+    # The matmul, its bounds and the promoted re-run do not depend on the bug: they are made
+    # once per setting and shared (read-only); each call adds its bug to them. The result is
+    # the model computed from scratch.
+    a = iv.uniform_data((4, 256), 0, "float32")
+    b = iv.uniform_data((256, 4), 1, "float32")
+    kern = demos.BUG_KERNELS["float16"]
+    exact = np.array([[math.fsum(a[i] * b[:, j]) for j in range(4)] for i in range(4)])
+    for bug in (0.0, 0.02, 0.3):
+        got = demos.injected_bug(256, "float16", bug)
+        delta = np.zeros((4, 4))
+        delta[0, 0] = bug * math.fsum(np.abs(exact).ravel()) / 16
+        assert np.array_equal(got.target, iv.add(iv.matmul(a, b, kern), delta, "float16"))
+        for rule, bound in (("structure", got.structure), ("oblivious", got.oblivious)):
+            want = iv.add(iv.matmul(iv.point(a, rule), b, kern), delta, "float16")
+            assert np.array_equal(bound.lo, want.lo) and np.array_equal(bound.hi, want.hi)
+        high = iv.add(iv.matmul(a, b, iv.promote(kern)), delta, "float64")
+        rtol, atol = iv.ASSERT_CLOSE_TOLERANCES["float16"]
+        assert (got.verdicts["high_precision"] == "Type-II") == (not iv.allclose(high, got.reference, rtol, atol))
+    assert not got.reference.flags.writeable  # shared between calls
+    with pytest.raises(ValueError, match="seed"):
+        demos.injected_bug(256, "float16", 0.0, seed=-1)

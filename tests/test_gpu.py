@@ -593,3 +593,40 @@ def test_round_float64_of_a_long_input_is_round_to_of_every_value(mode):
     np.testing.assert_array_equal(got, whole)
     np.testing.assert_array_equal(got.flat[picks], one)
     assert np.array_equal(np.signbit(got), np.signbit(whole))
+
+
+def test_one_off_roundings_of_long_inputs_compile_no_numba_loop(monkeypatch):
+    # Operand loads (round_operands, the tensor-core feeds), rounded_add and reduce_sum's
+    # output round each value once: up to CONVERT_NUMPY_MAX values they stay on rounding's
+    # NumPy tier, where a cold compile would cost more than it saves, with the bits of the
+    # compiled tier (computed first, by round_to itself, before numba_kernel is refused).
+    from precisionlab import rounding_kernel
+    from precisionlab.exact import two_sum
+    from precisionlab.gpu import tensor_core_matmul
+    from precisionlab.gpu.arith import round_to_odd
+
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((64, 80)).astype(np.float32).astype(np.float64)  # 5120 values
+    b = rng.standard_normal((80, 4)).astype(np.float32).astype(np.float64)
+    y = rng.standard_normal((5000, 2))
+    assert min(a.size, len(y)) >= rounding_kernel.NUMBA_MIN_SIZE
+    loads = {"tf32": round_to(a, "tf32", "nearest_away"), "bf16": round_to(a, "bfloat16"),
+             "tf32-raw": round_to(a, "tf32", "toward_zero"),
+             "fp8": round_to(a, "float8_e4m3fn", saturate=True)}
+    tc = {feed: tensor_core_matmul(loads[name], round_to(b, "tf32", mode), model="A100",
+                                   inputs="tf32", operands="exact")
+          for feed, name, mode in (("converted", "tf32", "nearest_away"),
+                                   ("raw", "tf32-raw", "toward_zero"))}
+    added = round_to(round_to_odd(*two_sum(y[:, 0], y[:, 1])), "bfloat16", "toward_zero")
+    summed = round_to(reduce_sum(y, "sequential", "float32"), "float16")
+
+    def refuse(*args):
+        raise AssertionError(f"numba_kernel{args} was built")
+
+    monkeypatch.setattr(rounding_kernel, "numba_kernel", refuse)
+    for name, want in loads.items():
+        assert np.array_equal(round_operands(a, name), want)
+    for feed, want in tc.items():
+        assert np.array_equal(tensor_core_matmul(a, b, model="A100", inputs="tf32", operands=feed), want)
+    assert np.array_equal(rounded_add(y[:, 0], y[:, 1], "bfloat16", "toward_zero"), added)
+    assert np.array_equal(reduce_sum(y, "sequential", "float32", out="float16"), summed)

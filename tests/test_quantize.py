@@ -354,3 +354,18 @@ def test_float64_input_is_rounded_once_to_float32_and_integers_are_refused():
     assert r.values.dtype == torch.float32
     with pytest.raises(TypeError, match="floating-point"):
         quantize_per_tensor(torch.ones(2, 2, dtype=torch.int32))
+
+
+def test_shares_counted_in_one_compiled_pass_match_numpys_counts():
+    # 2^20 elements take count_shares' compiled pass, each half of them NumPy's passes; the
+    # 32-element blocks of a row do not depend on the other rows, so the counts must add up.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 1024, generator=gen) * torch.logspace(-12, 3, 1024)
+    x[::7, ::5] = 0.0
+    full = quantize_blocks(x)  # MXFP8: the OCP floor rule saturates some blocks
+    halves = [quantize_blocks(h) for h in (x[:512], x[512:])]
+    for share in ("saturated", "underflowed", "subnormal"):
+        whole = round(getattr(full, share) * x.numel())
+        parts = sum(round(getattr(h, share) * x.numel() / 2) for h in halves)
+        assert whole == parts, share
+    assert full.saturated > 0 and full.underflowed > 0 and full.subnormal > 0

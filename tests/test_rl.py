@@ -21,8 +21,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from precisionlab import rl
+from precisionlab import emulate, rl
 from precisionlab.rl.stats import fexp
+from precisionlab.rounding import round_to
 
 SMALL = rl.PolicyConfig(vocab=32, n_prompts=2, max_len=6, width=16, hidden=32, depth=3,
                         eos_logit=2.0)  # groups whose lengths differ: advantages non-zero
@@ -189,6 +190,50 @@ def test_fused_kernel_equals_emulate_ops(precision, seed):
     with torch.no_grad():
         fused = rl.policy_logprobs(policy, *rows, precision)
     assert torch.equal(fused, autograd_path.detach())
+
+
+@pytest.mark.parametrize("precision", rl.PRECISIONS)
+def test_fused_kernel_equals_emulate_ops_at_odd_sizes(precision):
+    # Odd widths, hidden sizes and vocabularies: the pairwise sums' spare slot, every stage's
+    # row length different from the others; a repeated state is computed once and copied.
+    cfg = rl.PolicyConfig(vocab=37, n_prompts=2, max_len=4, width=15, hidden=33, depth=3)
+    policy = _policy(cfg, 3)
+    g = torch.Generator().manual_seed(7)
+    rows = [torch.randint(0, k, (30,), generator=g) for k in (2, 38, 4)]
+    rows = [torch.cat([r, r[:5]]) for r in rows]
+    autograd_path = rl.policy_logprobs(policy, *rows, precision)
+    with torch.no_grad():
+        fused = rl.policy_logprobs(policy, *rows, precision)
+    assert torch.equal(fused, autograd_path.detach())
+
+
+@pytest.mark.parametrize("checkpoint", ["fp32", "bf16"])
+def test_with_logit_offset_is_the_policy_built_with_that_offset(checkpoint):
+    import dataclasses
+
+    cfg = dataclasses.replace(SMALL, checkpoint=checkpoint)
+    base = rl.Policy(cfg, 4)
+    for offset in (0.0, 64.0, -3.5):
+        got = base.with_logit_offset(offset)
+        want = rl.Policy(dataclasses.replace(cfg, logit_offset=offset), 4)
+        assert got.cfg == want.cfg and got is not base
+        a, b = got.state_dict(), want.state_dict()
+        assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+        assert all(p.requires_grad for p in got.parameters())
+    assert float(base.bias[1]) == SMALL.logit_offset  # the original is unchanged
+
+
+def test_logit_rounding_beta_is_the_emulated_log_softmax_at_the_token():
+    policy = _policy()
+    ro = _rollout(policy)
+    with torch.no_grad():
+        z = policy(*ro.token_inputs(policy.bos), "fp32")
+        tok = ro.tokens[ro.mask][:, None]
+        fp32 = rl.policy.emulated_precision("fp32")
+        exact = emulate.log_softmax(z, fp32).gather(1, tok)
+        rounded = emulate.log_softmax(round_to(z, "bfloat16"), fp32).gather(1, tok)
+    got = rl.logit_rounding_beta(policy, ro, "bfloat16")
+    assert torch.equal(got, (exact - rounded).squeeze(1)) and bool((got != 0).any())
 
 
 def test_native_backend_runs_torch_kernels_close_to_emulated():
@@ -650,6 +695,39 @@ def test_bf16_master_keeps_bf16_weights():
     native = rl.train(rl.PolicyConfig(n_prompts=2, max_len=6), rl.RunConfig(
         master="bf16", trainer="bf16", steps=2, backend="native"), progress=False)
     assert all(p.dtype == torch.bfloat16 for p in native.policy.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_adam_is_torch_optim_adam_bit_for_bit(dtype):
+    # The native back end steps with torch's adam function instead of building the class (which
+    # imports torch._dynamo): the same weights, moments and step counts, at every step, also
+    # when a weight has no gradient at some step.
+    from precisionlab.rl.native_adam import TorchAdam
+
+    g = torch.Generator().manual_seed(5)
+    start = [torch.randn(shape, generator=g).to(dtype) for shape in [(7, 3), (5,), (2, 2)]]
+    ours = [torch.nn.Parameter(t.clone()) for t in start]
+    theirs = [torch.nn.Parameter(t.clone()) for t in start]
+    opt_ours, opt_theirs = TorchAdam(ours, lr=3e-3), torch.optim.Adam(theirs, lr=3e-3,
+                                                                       foreach=False)
+    for step in range(6):
+        for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            grad = None if (step, k) in {(0, 2), (3, 1)} else torch.randn(
+                a.shape, generator=g).to(dtype)
+            a.grad, b.grad = grad, None if grad is None else grad.clone()
+        opt_ours.step()
+        opt_theirs.step()
+        for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert a.dtype == dtype and torch.equal(a, b), (step, k)
+            if b in opt_theirs.state:
+                st = opt_theirs.state[b]
+                assert torch.equal(opt_ours.exp_avgs[k], st["exp_avg"])
+                assert torch.equal(opt_ours.exp_avg_sqs[k], st["exp_avg_sq"])
+                assert torch.equal(opt_ours.steps[k], st["step"])
+        opt_ours.zero_grad(set_to_none=True)
+        assert all(p.grad is None for p in ours)
+    with pytest.raises(ValueError, match="set_to_none"):
+        opt_ours.zero_grad(set_to_none=False)
 
 
 def test_training_is_the_same_at_any_thread_count():

@@ -166,6 +166,23 @@ def test_stored_runs_chapter_6_only_loads_replay_to_the_last_step():
         np.testing.assert_equal(replay[name].gradients, stored.gradients)  # nan == nan
 
 
+def test_stored_chapter_seeds_every_other_run_replays_its_first_steps():
+    # The chapter's hidden cells re-run one or two runs of each of its stored groups (the
+    # convergence table's rows, the interventions); here the first steps of every seed-0 run
+    # the two tests above do not re-run, so that a stale file fails the tests.
+    script = _script("ch6_seeds")
+    meta, logs = rl.load_runs(_CH6)
+    seed, steps = meta["seeds"][0], 2
+    covered = {*script.REPORTED, "ratio from shadow, eps 0.05", "detached weights, eps 0.05"}
+    names = [k for k in script.runs() if k not in covered]
+    assert len(names) == 10  # the table's five other rows and the five interventions
+    replay = script.train_seed(seed, {k: script.runs()[k] for k in names}, steps)
+    for name in names:
+        for k, v in replay[name].arrays().items():
+            np.testing.assert_array_equal(v, logs[seed][name].arrays()[k][:steps],
+                                          err_msg=f"{name}: {k}")
+
+
 def test_runs_with_state_survive_save_and_load(tmp_path):
     # with_state: snapshots and the trained weights come back exactly, as a Policy
     cfg = rl.PolicyConfig(n_prompts=2, max_len=5, vocab=16, width=8, hidden=8, depth=1)

@@ -80,6 +80,28 @@ def test_trace_dynamic_scaling_overflows_exactly_when_the_cast_does():
     assert np.array_equal(hist.scale, simulate_scale_history(expect, growth_interval=3).scale)
 
 
+@pytest.mark.parametrize("factors", [{"growth_interval": 3},
+                                     {"growth_factor": 3.0, "backoff_factor": 0.3,
+                                      "growth_interval": 2, "init_scale": 5.0}])
+def test_trace_dynamic_scaling_is_the_rule_one_step_at_a_time(factors):
+    # Oracle: update_scale and one float16 cast per step (NumPy's direct conversion), over
+    # 1000 steps (the trace rounds blocks of up to 256 steps per scale) and, with factors 3
+    # and 0.3, scales that rarely repeat.
+    from precisionlab.scaling import update_scale
+
+    rng = np.random.default_rng(4)
+    g = 10.0 ** rng.uniform(-7, 2, 1000)
+    hist = trace_dynamic_scaling(g, "float16", **factors)
+    kw = {k: v for k, v in factors.items() if k != "init_scale"}
+    s, t, scales, skipped = float(np.float32(factors.get("init_scale", 2.0**16))), 0, [], []
+    for gi in g:
+        scales.append(s)
+        skipped.append(math.isinf(_fp16(gi * s)))
+        s, t = update_scale(s, t, skipped[-1], **kw)
+    assert hist.scale.tolist() == scales and hist.skipped.tolist() == skipped
+    assert 50 < sum(skipped) < 950 and len(set(scales)) >= 8
+
+
 def test_overflow_is_decided_after_rounding_into_float16():
     # S = 1: 65519 rounds down to 65504 (finite); 65520 is the tie with inf's place: inf
     g = [65504.0, 65510.0, 65519.0, 65520.0, 1.0]

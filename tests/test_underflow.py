@@ -24,6 +24,7 @@ from precisionlab.rounding import round_to
 from precisionlab.underflow import (
     FLOORS,
     AttenuatingNet,
+    ForwardPass,
     GradientStats,
     LayerGradients,
     diagnose,
@@ -614,3 +615,61 @@ def test_underflow_view_and_explorer(capsys):
                           ({"g0": -1.0}, "g0"), ({"fmt": "fp7"}, "valid choices")]:
         with pytest.raises(ValueError, match=match):
             widgets.underflow_view(**kwargs)
+
+
+# --------------------------------------------------------------------------- one forward, many backward
+
+
+@pytest.mark.parametrize("depth, a, fmt, ftz, backend", [
+    (24, 1.4, "float16", False, "emulated"), (30, 0.82, "float16", True, "emulated"),
+    (12, 0.7, "bfloat16", False, "emulated"), (10, 1.3, "float32", False, "emulated"),
+    (16, 1.2, "float16", False, "native")])
+def test_forward_pass_backward_is_a_fresh_probe_at_every_scale(depth, a, fmt, ftz, backend):
+    # Oracle: probe_gradients, one fresh forward and backward pass per scale. The kept graph
+    # and the reset gradients change no bit, in any order of scales, overflowing ones too.
+    net = AttenuatingNet(depth, 32, a, fmt, seed=2, backend=backend)
+    batch = make_batch(32, 8, fmt, seed=2)
+    forward = ForwardPass(net, *batch, flush_to_zero=ftz)
+    verdicts = set()
+    for s in (2.0**16, 1.0, 2.0**-5, 3.0, 2.0**-20, 2.0**16):
+        fresh = probe_gradients(net, *batch, loss_scale=s, flush_to_zero=ftz)
+        got = forward.backward(s)
+        assert got.same_bits(fresh), s
+        assert got.loss == forward.loss and got.loss_scale == s and got.flush_to_zero == ftz
+        # Stopped at the first inf/NaN: None exactly when a weight gradient or a signal of the
+        # full pass is not finite (the bias gradients are not looked at), else the same pass.
+        checked = forward.backward(s, stop_at_nonfinite=True)
+        finite = bool(fresh.weight.finite.all() and fresh.signal.finite.all())
+        assert (checked is not None) == finite, s
+        assert checked is None or checked.same_bits(fresh)
+        verdicts.add(finite)
+        assert forward.backward(s).same_bits(fresh)  # a stopped pass leaves nothing behind
+    assert verdicts == ({True, False} if a > 1 and fmt == "float16" else {True})
+    if not ftz:
+        with torch.no_grad():  # the peaks are those of a plain forward pass
+            h, peak = batch[0], []
+            for lin in net.layers:
+                h = lin(h)
+                peak.append(float(h.abs().max()))
+        assert forward.peak().tobytes() == np.array(peak).tobytes()
+    with pytest.raises(ValueError, match="loss_scale"):
+        forward.backward(0.0)
+    with pytest.raises(ValueError, match="flush_to_zero"):
+        ForwardPass(net, *batch, flush_to_zero="no")
+
+
+def test_layer_gradients_arrays_round_trip_and_compare_bits():
+    g = probe_gradients(AttenuatingNet(6, 16, 0.9, "float16"), *make_batch(16, 4, "float16"))
+    arrays = g.arrays()
+    assert set(arrays) == {"loss"} | {f"{w}.{n}" for w in ("weight", "signal")
+                                      for n in ("norm", "median_abs", "max_abs",
+                                                "zero_fraction", "finite")}
+    back = LayerGradients.from_arrays("fp16", arrays)
+    assert back.fmt == "float16" and back.same_bits(g) and g.same_bits(back)
+    nudged = dict(arrays, **{"signal.norm": np.nextafter(arrays["signal.norm"], 1.0)})
+    assert not LayerGradients.from_arrays("float16", nudged).same_bits(g)
+    assert not LayerGradients.from_arrays("float16", arrays, loss_scale=2.0).same_bits(g)
+    assert not LayerGradients.from_arrays("bfloat16", arrays).same_bits(g)
+    negzero = dict(arrays, loss=np.array(-0.0)), dict(arrays, loss=np.array(0.0))
+    a, b = (LayerGradients.from_arrays("float16", d) for d in negzero)
+    assert a.loss == b.loss and not a.same_bits(b)  # bits, not values

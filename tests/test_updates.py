@@ -3,7 +3,8 @@
 Oracles: brute-force stepping in exact rationals (tests/oracles.fraction_round, every mode)
 and in float32 through ml_dtypes casts, both sharing no code with the package; torch's own
 bf16/fp16 addition; exact rational arithmetic (fractions.Fraction); values derived by hand
-from the format rules. The float64 simulation through round_to is a consistency check.
+from the format rules; the training written out per policy with Python loops for its sums.
+The float64 simulation through round_to is a consistency check.
 """
 
 from __future__ import annotations
@@ -395,6 +396,64 @@ def test_training_comparison_claims():
     other = train_master_vs_lowprec(seed=3, policies=("fp32", "bf16"))
     assert other["bf16"].final_loss > 100 * other["fp32"].final_loss
     # (its speed is timed in benchmarks/bench_updates.py, not asserted here)
+
+
+def _train_one_policy(policy, steps, lr, optimizer, n, d, seed):
+    """One policy trained alone, every sum of X w and X^T r a Python loop in index order."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, d))
+    w_true = rng.standard_normal(d)
+
+    def seq_dot(row, vec):
+        acc = float(row[0]) * float(vec[0])
+        for a, b in zip(row[1:], vec[1:], strict=True):
+            acc = acc + float(a) * float(b)
+        return acc
+
+    y = np.array([seq_dot(x[i], w_true) for i in range(n)]) + 1e-3 * rng.standard_normal(n)
+    w = (w_true + 0.5 * rng.standard_normal(d)).astype(np.float32)
+    gen = np.random.default_rng([seed, POLICIES.index(policy)])
+    stored = policy in ("bf16", "bf16_stochastic")
+    mode = "stochastic" if policy == "bf16_stochastic" else "nearest_even"
+    w = round_to(w, "bfloat16") if stored else w
+    m1, m2 = np.zeros(d, dtype=np.float32), np.zeros(d, dtype=np.float32)
+    used = w if policy == "fp32" or stored else round_to(w, "bfloat16")
+    losses, changed = [], []
+    for k in range(steps + 1):
+        r = np.array([seq_dot(x[i], used.astype(np.float64)) for i in range(n)]) - y
+        losses.append(math.fsum(r * r) / (2 * n))
+        g = (np.array([seq_dot(x[:, j], r) for j in range(d)]) / n).astype(np.float32)
+        if k == steps:
+            break
+        if optimizer == "sgd":
+            upd = -np.float32(lr) * g
+        else:
+            m1 = np.float32(0.9) * m1 + np.float32(0.1) * g
+            m2 = np.float32(0.999) * m2 + np.float32(0.001) * g * g
+            mh = m1 / np.float32(1 - 0.9 ** (k + 1))
+            vh = m2 / np.float32(1 - 0.999 ** (k + 1))
+            upd = -np.float32(lr) * mh / (np.sqrt(vh) + np.float32(1e-8))
+        w_new = w + upd
+        if stored:
+            w_new = round_to(w_new, "bfloat16", mode, gen if mode == "stochastic" else None)
+        new_used = w_new if policy == "fp32" or stored else round_to(w_new, "bfloat16")
+        changed.append(np.mean(new_used != used))
+        w, used = w_new, new_used
+    return np.array(losses), np.array(changed), used.astype(np.float64), g
+
+
+@pytest.mark.parametrize("optimizer, lr", [("sgd", 0.05), ("adam", 3e-3)])
+def test_policies_trained_side_by_side_are_each_trained_alone_bit_for_bit(optimizer, lr):
+    runs = train_master_vs_lowprec(steps=25, lr=lr, optimizer=optimizer, policies=POLICIES,
+                                   n=9, d=5, seed=4)
+    assert list(runs) == list(POLICIES)
+    for policy, run in runs.items():
+        loss, changed, weights, grad = _train_one_policy(policy, 25, lr, optimizer, 9, 5, 4)
+        assert run.loss.tobytes() == loss.tobytes() and run.changed.tobytes() == changed.tobytes()
+        assert run.weights.tobytes() == weights.tobytes() and run.grad.tobytes() == grad.tobytes()
+        alone = train_master_vs_lowprec(steps=25, lr=lr, optimizer=optimizer,
+                                        policies=(policy,), n=9, d=5, seed=4)[policy]
+        assert alone.loss.tobytes() == run.loss.tobytes()
 
 
 def test_training_with_adam_freezes_bf16_stored_weights():

@@ -75,12 +75,19 @@ def update_scale(scale: float, growth_tracker: int, found_inf: bool, growth_fact
         raise ValueError(f"scale must be a number >= 0 (a float32 value); got scale={scale!r}")
     if isinstance(growth_tracker, bool) or not _is_int(growth_tracker) or growth_tracker < 0:
         raise ValueError(f"growth_tracker must be an integer >= 0; got growth_tracker={growth_tracker!r}")
+    return _next_scale(scale, int(growth_tracker), found_inf, growth_factor, backoff_factor,
+                       growth_interval)
+
+
+def _next_scale(scale: float, growth_tracker: int, found_inf: bool, growth_factor: float,
+                backoff_factor: float, growth_interval: int) -> tuple[float, int]:
+    """update_scale's rule on checked arguments (the loops below check theirs once)."""
     # The kernel multiplies the float32 scale by a double factor and stores the product as
     # float32; float64 arithmetic followed by one rounding to float32 reproduces that exactly.
     s32 = float(np.float32(scale))
     if found_inf:
         return _to_float32(s32 * backoff_factor), 0
-    successful = int(growth_tracker) + 1
+    successful = growth_tracker + 1
     if successful == growth_interval:
         grown = _to_float32(s32 * growth_factor)
         return (grown if math.isfinite(grown) else s32), 0  # never grow past float32's range
@@ -368,10 +375,13 @@ def simulate_scale_history(found_inf: Sequence[bool], init_scale: float = 2.0**1
     flags = np.asarray(found_inf, dtype=bool)
     scales = np.empty(flags.size)
     s, t = float(np.float32(init_scale)), 0
-    for i, f in enumerate(flags):  # a recurrence: each scale depends on the previous one
+    for i, f in enumerate(flags.tolist()):  # a recurrence: each scale depends on the last
         scales[i] = s
-        s, t = update_scale(s, t, bool(f), growth_factor, backoff_factor, growth_interval)
+        s, t = _next_scale(s, t, f, growth_factor, backoff_factor, growth_interval)
     return ScaleHistory(scales, flags.copy())
+
+
+_TRACE_BLOCK = 256  # steps whose scaled gradients trace_dynamic_scaling rounds in one call
 
 
 def trace_dynamic_scaling(max_grad: Sequence[float], fmt="float16", init_scale: float = 2.0**16,
@@ -386,12 +396,23 @@ def trace_dynamic_scaling(max_grad: Sequence[float], fmt="float16", init_scale: 
     scales = np.empty(g.size)
     skipped = np.empty(g.size, dtype=bool)
     s, t = float(np.float32(init_scale)), 0
-    for i, gi in enumerate(g):  # the overflow test needs this step's scale: a recurrence
+    # The overflow test needs this step's scale (a recurrence), but the scale takes few
+    # values: fl(g·S) is rounded for a block of steps at once, each time S reaches a new value
+    # or leaves its block, elementwise the same roundings as one step at a time.
+    blocks: dict[float, tuple[int, list[bool]]] = {}
+    for i in range(g.size):
         scales[i] = s
-        # The scaled gradient is rounded into fmt as the backward pass stores it.
-        skipped[i] = not math.isfinite(float(round_to(gi * s, f)))
-        s, t = update_scale(s, t, bool(skipped[i]), growth_factor, backoff_factor,
-                            growth_interval)
+        start, over = blocks.get(s, (i + 1, []))
+        if not start <= i < start + len(over):
+            start = i
+            # The scaled gradient is rounded into fmt as the backward pass stores it (a product
+            # past float64's range is inf, as in Python).
+            with np.errstate(over="ignore"):
+                stored = np.asarray(round_to(g[i:i + _TRACE_BLOCK] * s, f), dtype=np.float64)
+            over = (~np.isfinite(stored)).tolist()
+            blocks[s] = start, over
+        skipped[i] = bad = over[i - start]
+        s, t = _next_scale(s, t, bad, growth_factor, backoff_factor, growth_interval)
     return ScaleHistory(scales, skipped)
 
 

@@ -10,7 +10,8 @@ learning. `first_underflow_depth` solves for ``k`` exactly.
 ``h <- W h + b`` with ``W = a · Q`` (``Q`` random orthogonal, so every backward step multiplies
 the gradient's norm by exactly ``a``) and biases of variance ``1 - a^2`` (so the forward signal
 stays at unit scale at every depth). `probe_gradients` runs one backward pass in the network's
-format (float16, bfloat16 or float32) and returns per-layer statistics; `train_probe`
+format (float16, bfloat16 or float32) and returns per-layer statistics (`ForwardPass`
+keeps its forward pass for backward passes at several loss scales); `train_probe`
 repeats that for a few SGD steps; `health_table`, `health_summary` and `diagnose` print what
 a practitioner would look at.
 
@@ -44,6 +45,7 @@ __all__ = [
     "STATUSES",
     "AttenuatingNet",
     "Diagnosis",
+    "ForwardPass",
     "GradientStats",
     "LayerGradients",
     "TrainingProbe",
@@ -305,6 +307,116 @@ class LayerGradients:
             raise ValueError(f"unknown gradient kind {which!r}; valid choices: weight, signal")
         return self.weight if which == "weight" else self.signal
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The loss and every statistic as named arrays ('loss', 'weight.norm', ..., 'signal.finite')."""
+        out = {"loss": np.array(self.loss, dtype=np.float64)}
+        for which in ("weight", "signal"):
+            st = self.stats(which)
+            out.update({f"{which}.{name}": np.asarray(getattr(st, name))
+                        for name in GradientStats.__dataclass_fields__})
+        return out
+
+    @classmethod
+    def from_arrays(cls, fmt: str, arrays, loss_scale: float = 1.0,
+                    flush_to_zero: bool = False) -> LayerGradients:
+        """The LayerGradients whose arrays() are `arrays` (a mapping with the same keys)."""
+        stats = {which: GradientStats(**{name: np.array(arrays[f"{which}.{name}"])
+                                         for name in GradientStats.__dataclass_fields__})
+                 for which in ("weight", "signal")}
+        return cls(get_format(fmt).name, float(arrays["loss"]), stats["weight"], stats["signal"],
+                   float(loss_scale), bool(flush_to_zero))
+
+    def same_bits(self, other: LayerGradients) -> bool:
+        """Same format, loss scale and flushing, and every number with the same dtype, shape and bits."""
+        if (self.fmt, self.loss_scale, self.flush_to_zero) != \
+                (other.fmt, other.loss_scale, other.flush_to_zero):
+            return False
+        mine, theirs = self.arrays(), other.arrays()
+        return all(u.dtype == v.dtype and u.shape == v.shape and u.tobytes() == v.tobytes()
+                   for u, v in ((mine[k], theirs[k]) for k in mine))
+
+
+class ForwardPass:
+    """One forward pass of L = mean((net(x) - t)^2), kept so that backward(S) can follow it at any
+    loss scale S: what a loss scaler that skips steps (and so keeps the weights) meets again.
+
+    backward(S) is probe_gradients' backward pass from fl32(S·L), with the same bits as a
+    fresh probe_gradients(net, x, t, S): the graph is kept, the gradients are reset before each
+    backward pass, and the weights must not change in between.
+    """
+
+    def __init__(self, net: AttenuatingNet, x: torch.Tensor, t: torch.Tensor,
+                 flush_to_zero: bool = False):
+        if not isinstance(flush_to_zero, (bool, np.bool_)):
+            raise ValueError(f"flush_to_zero must be True or False; got flush_to_zero={flush_to_zero!r}")
+        prec = net.prec
+        self.net, self.flush_to_zero = net, bool(flush_to_zero)
+        self._tiny = tiny = get_format(net.fmt).min_normal if flush_to_zero else None
+        loss_prec = Precision("float32", backend=prec.backend)
+        outputs = []
+        h = prec.round(x) if not prec.native else x.to(torch.float32)
+        if tiny is not None:
+            h = _FlushToZero.apply(h, tiny)
+        for lin in net.layers:
+            out = lin(h)
+            out.retain_grad()  # keep dL/dh_k, the backward signal, as the backward pass stored it
+            outputs.append(out)
+            # With flushing, out.grad is the flushed gradient that enters the layer's backward.
+            h = out if tiny is None else _FlushToZero.apply(out, tiny)
+        self.outputs = outputs  # each layer's output, from the input layer to the last
+        self._loss = emulate.mse_loss(_GradTo.apply(h, prec), t.to(torch.float32), loss_prec)
+        self.loss = float(self._loss.detach())
+
+    def peak(self) -> np.ndarray:
+        """Largest |entry| of each layer's output, from the input layer to the last (float64)."""
+        return np.array([float(o.detach().abs().max()) for o in self.outputs])
+
+    def backward(self, loss_scale: float = 1.0,
+                 stop_at_nonfinite: bool = False) -> LayerGradients | None:
+        """The backward pass from fl32(S·L): statistics of the stored gradients divided by S.
+
+        stop_at_nonfinite=True asks what a loss scaler asks: it stops at the first dL/dW or
+        dL/dh that holds an inf or NaN and returns None (the scaler would skip the step);
+        otherwise the pass runs to the end and gives the same statistics.
+        """
+        s = check_positive(loss_scale, "loss_scale")
+        net, tiny = self.net, self._tiny
+        net.zero_grad(set_to_none=True)
+        for o in self.outputs:
+            o.grad = None  # retained gradients would add up over backward passes
+        hooks = []
+        if stop_at_nonfinite:  # checked as each gradient is made, the bias gradients excepted
+            hooks = [t.register_hook(_stop_at_nonfinite)
+                     for t in (*self.outputs, *(lin.weight for lin in net.layers))]
+        try:
+            # one float32 multiply; the graph below it is kept for the next backward pass
+            (self._loss * torch.tensor(s, dtype=torch.float32)).backward(retain_graph=True)
+        except _NonFinite:
+            return None
+        finally:
+            for h in hooks:
+                h.remove()
+        weight_grads = [lin.weight.grad for lin in net.layers]
+        if tiny is not None:
+            weight_grads = [_flush(g, tiny) for g in weight_grads]
+        return LayerGradients(
+            fmt=net.fmt,
+            loss=self.loss,
+            weight=GradientStats.of([g.double() / s for g in weight_grads]),
+            signal=GradientStats.of([o.grad.double() / s for o in self.outputs]),
+            loss_scale=s,
+            flush_to_zero=self.flush_to_zero,
+        )
+
+
+class _NonFinite(Exception):
+    """Raised in a backward pass to stop it at the first inf/NaN gradient."""
+
+
+def _stop_at_nonfinite(grad: torch.Tensor) -> None:
+    if not bool(torch.isfinite(grad).all()):
+        raise _NonFinite
+
 
 def probe_gradients(net: AttenuatingNet, x: torch.Tensor, t: torch.Tensor,
                     loss_scale: float = 1.0, flush_to_zero: bool = False) -> LayerGradients:
@@ -318,35 +430,7 @@ def probe_gradients(net: AttenuatingNet, x: torch.Tensor, t: torch.Tensor,
     entry contributes nothing to the next layer's sums. The weights themselves are not flushed.
     """
     s = check_positive(loss_scale, "loss_scale")
-    if not isinstance(flush_to_zero, (bool, np.bool_)):
-        raise ValueError(f"flush_to_zero must be True or False; got flush_to_zero={flush_to_zero!r}")
-    prec = net.prec
-    tiny = get_format(net.fmt).min_normal if flush_to_zero else None
-    loss_prec = Precision("float32", backend=prec.backend)
-    net.zero_grad(set_to_none=True)
-    outputs = []
-    h = prec.round(x) if not prec.native else x.to(torch.float32)
-    if tiny is not None:
-        h = _FlushToZero.apply(h, tiny)
-    for lin in net.layers:
-        out = lin(h)
-        out.retain_grad()  # keep dL/dh_k, the backward signal, as the backward pass stored it
-        outputs.append(out)
-        # With flushing, out.grad is the flushed gradient that enters the layer's backward.
-        h = out if tiny is None else _FlushToZero.apply(out, tiny)
-    loss = emulate.mse_loss(_GradTo.apply(h, prec), t.to(torch.float32), loss_prec)
-    (loss * torch.tensor(s, dtype=torch.float32)).backward()  # one float32 multiply
-    weight_grads = [lin.weight.grad for lin in net.layers]
-    if tiny is not None:
-        weight_grads = [_flush(g, tiny) for g in weight_grads]
-    return LayerGradients(
-        fmt=net.fmt,
-        loss=float(loss.detach()),
-        weight=GradientStats.of([g.double() / s for g in weight_grads]),
-        signal=GradientStats.of([o.grad.double() / s for o in outputs]),
-        loss_scale=s,
-        flush_to_zero=bool(flush_to_zero),
-    )
+    return ForwardPass(net, x, t, flush_to_zero).backward(s)
 
 
 def probe_network(attenuation: float = 0.82, fmt="float32", depth: int = 96, width: int = 64,

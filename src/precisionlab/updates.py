@@ -360,11 +360,18 @@ class TrainingRun:
         return float(self.loss[-1])
 
 
-def _ordered_matvec(a: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """(a @ v) in float64 summed in the fixed order j = 0..len(v)-1, one IEEE op at a time (no BLAS)."""
-    acc = a[:, 0] * v[0]
-    for j in range(1, v.shape[0]):
-        acc = acc + a[:, j] * v[j]
+def _ordered_matmul(a_cols: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """(A @ v_p for each row v_p of v (P, q)), given a_cols[j] = A[:, j]: each sum in float64 over j = 0..q-1 in order, one IEEE op at a time (no BLAS).
+
+    Row p of the result is acc = A[:, 0] v[p, 0], then acc = acc + A[:, j] v[p, j]: the same
+    products and sums for every row as for that row alone, so P independent vectors share
+    one pass of the loop. Returns (P, len(A)).
+    """
+    # every product at once, prods[j] = (A[:, j] v[p, j] for each p); then the sums, in order
+    prods = np.ascontiguousarray(v.T)[:, :, None] * a_cols[:, None, :]
+    acc = prods[0].copy()
+    for term in prods[1:]:
+        acc += term
     return acc
 
 
@@ -372,9 +379,50 @@ def _least_squares_problem(n: int, d: int, seed: int):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, d))
     w_true = rng.standard_normal(d)
-    y = _ordered_matvec(x, w_true) + 1e-3 * rng.standard_normal(n)
+    y = _ordered_matmul(np.ascontiguousarray(x.T), w_true[None, :])[0]
+    y = y + 1e-3 * rng.standard_normal(n)
     w0 = w_true + 0.5 * rng.standard_normal(d)
     return x, y, w0
+
+
+class _PolicyRun:
+    """One storage policy's weights, optimizer moments and history while the policies train together."""
+
+    def __init__(self, policy: str, w_init: np.ndarray, fmt: FloatFormat, steps: int, seed: int):
+        self.policy = policy
+        self.rng = np.random.default_rng([seed, POLICIES.index(policy)])
+        self.stored_in_fmt = policy in ("bf16", "bf16_stochastic")
+        self.mode = "stochastic" if policy == "bf16_stochastic" else "nearest_even"
+        self.fmt = fmt
+        w = w_init.astype(np.float32)
+        self.w = round_to(w, fmt) if self.stored_in_fmt else w
+        self.m1 = np.zeros(w.shape, dtype=np.float32)
+        self.m2 = np.zeros(w.shape, dtype=np.float32)
+        self.losses = np.empty(steps + 1)
+        self.changed = np.empty(steps)
+        self.used = self._forward_weights(self.w)
+
+    def _forward_weights(self, w: np.ndarray) -> np.ndarray:
+        """The weights the forward pass uses: w itself, or fl(w) beside a float32 master."""
+        return w if self.policy == "fp32" or self.stored_in_fmt else round_to(w, self.fmt)
+
+    def step(self, k: int, g: np.ndarray, lr: float, optimizer: str) -> None:
+        """Step k's update from the float32 gradient g, applied and stored by the policy."""
+        if optimizer == "sgd":
+            upd = -np.float32(lr) * g
+        else:  # Adam with the usual defaults, bias-corrected
+            self.m1 = np.float32(0.9) * self.m1 + np.float32(0.1) * g
+            self.m2 = np.float32(0.999) * self.m2 + np.float32(0.001) * g * g
+            mh = self.m1 / np.float32(1 - 0.9 ** (k + 1))
+            vh = self.m2 / np.float32(1 - 0.999 ** (k + 1))
+            upd = -np.float32(lr) * mh / (np.sqrt(vh) + np.float32(1e-8))
+        w_new = self.w + upd
+        if self.stored_in_fmt:
+            w_new = round_to(w_new, self.fmt, self.mode,
+                             self.rng if self.mode == "stochastic" else None)
+        new_used = self._forward_weights(w_new)
+        self.changed[k] = np.mean(new_used != self.used)
+        self.w, self.used = w_new, new_used
 
 
 def train_master_vs_lowprec(steps: int = 300, lr: float = 0.05, optimizer: str = "sgd",
@@ -387,46 +435,28 @@ def train_master_vs_lowprec(steps: int = 300, lr: float = 0.05, optimizer: str =
     master weights updated exactly as fp32, the forward and gradient use fl(w) in fmt.
     bf16_stochastic: as bf16 but the update is rounded stochastically. Loss and gradient are
     evaluated in float64 at the weights the forward pass uses; deterministic given `seed`.
+    The policies are independent (each draws from its own stream): they train side by side,
+    one column each of the products with X, every column's sums in the same fixed order.
     """
     fmt = get_format(fmt)
     for p in policies:
         check_choice(p, "policy", POLICIES)
     check_choice(optimizer, "optimizer", OPTIMIZERS)
     x, y, w_init = _least_squares_problem(n, d, seed)
-    x_cols = np.ascontiguousarray(x.T).T  # column j contiguous: X w sums columns in order
-    runs = {}
-    for policy in policies:
-        rng = np.random.default_rng([seed, POLICIES.index(policy)])
-        stored_in_fmt = policy in ("bf16", "bf16_stochastic")
-        mode = "stochastic" if policy == "bf16_stochastic" else "nearest_even"
-        w = w_init.astype(np.float32)
-        if stored_in_fmt:
-            w = round_to(w, fmt)
-        m1 = np.zeros(d, dtype=np.float32)
-        m2 = np.zeros(d, dtype=np.float32)
-        losses = np.empty(steps + 1)
-        changed = np.empty(steps)
-        used = w if policy == "fp32" or stored_in_fmt else round_to(w, fmt)
-        for k in range(steps + 1):
-            r = _ordered_matvec(x_cols, used.astype(np.float64)) - y
-            losses[k] = math.fsum(r * r) / (2 * n)
-            g = (_ordered_matvec(x.T, r) / n).astype(np.float32)  # rows of X in order
-            if k == steps:
-                break
-            if optimizer == "sgd":
-                upd = -np.float32(lr) * g
-            else:  # Adam with the usual defaults, bias-corrected
-                m1 = np.float32(0.9) * m1 + np.float32(0.1) * g
-                m2 = np.float32(0.999) * m2 + np.float32(0.001) * g * g
-                mh = m1 / np.float32(1 - 0.9 ** (k + 1))
-                vh = m2 / np.float32(1 - 0.999 ** (k + 1))
-                upd = -np.float32(lr) * mh / (np.sqrt(vh) + np.float32(1e-8))
-            w_new = w + upd
-            if stored_in_fmt:
-                w_new = round_to(w_new, fmt, mode, rng if mode == "stochastic" else None)
-            new_used = w_new if policy == "fp32" or stored_in_fmt else round_to(w_new, fmt)
-            changed[k] = np.mean(new_used != used)
-            w, used = w_new, new_used
-        runs[policy] = TrainingRun(policy, losses, changed, used.astype(np.float64), g)
-    return runs
+    x_cols = np.ascontiguousarray(x.T)  # x_cols[j]: column j of X, for X w; x[i], row i, for X^T r
+    runs = [_PolicyRun(policy, w_init, fmt, steps, seed) for policy in dict.fromkeys(policies)]
+    if not runs:
+        return {}
+    for k in range(steps + 1):
+        used = np.stack([run.used for run in runs]).astype(np.float64)  # (P, d)
+        r = _ordered_matmul(x_cols, used) - y  # (P, n)
+        grads = (_ordered_matmul(x, r) / n).astype(np.float32)  # rows of X in order
+        for p, run in enumerate(runs):
+            run.losses[k] = math.fsum(r[p] * r[p]) / (2 * n)
+            if k < steps:
+                run.step(k, grads[p], lr, optimizer)
+    return {run.policy: TrainingRun(run.policy, run.losses, run.changed,
+                                    run.used.astype(np.float64),
+                                    grads[p].copy())
+            for p, run in enumerate(runs)}
 

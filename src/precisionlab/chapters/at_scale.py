@@ -44,7 +44,8 @@ def regression_data(examples: int = 64, features: int = 16, seed: int = 0,
 def per_example_grads(w, x, y) -> np.ndarray:
     """(N, d): g_ij = fl32(r_i x_ij), r_i = fl32(fsum(x_i1 w_1, ..., -y_i)); float32 values."""
     prods = np.asarray(x, dtype=np.float64) * np.asarray(w, dtype=np.float64)  # exact
-    r = _fl32([math.fsum([*row, -yi]) for row, yi in zip(prods, np.asarray(y, float), strict=True)])
+    terms = np.column_stack([prods, -np.asarray(y, dtype=np.float64)])  # each row: its r_i's terms
+    r = _fl32(list(map(math.fsum, terms.tolist())))
     return _fl32(r[:, None] * x)  # a product of two float32 values is exact in float64
 
 

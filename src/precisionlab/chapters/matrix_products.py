@@ -19,6 +19,7 @@ Chapter code (`precisionlab.chapters`): imports `gpu`, `quantize` and `emulate`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -41,14 +42,25 @@ __all__ = ["THREE_PRODUCT_RECIPES", "WGRAD_RECIPES", "AccumulationErrors", "Thre
            "train_three_products"]
 
 
+@functools.lru_cache(maxsize=8)
+def _normal_pair(m: int, k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """N(0, 1) matrices (m, k) and (k, n) in float32, drawn once per shape and seed.
+
+    The signed and the |N(0, 1)| operands of one K share these draws, so a chapter that
+    measures both draws them once. Callers must not write to them (fp8_operands does not).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    a = emulate.randn(m, k, generator=gen, dtype=torch.float64).to(torch.float32)
+    b = emulate.randn(k, n, generator=gen, dtype=torch.float64).to(torch.float32)
+    return a, b
+
+
 def fp8_operands(m: int, k: int, n: int, *, seed: int = 0, recipe: str = "fp8_tensor",
                  positive: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(A, B): N(0, 1) matrices (m, k) and (k, n) (|N(0, 1)| if positive) quantized by `recipe`: the E4M3 elements q the tensor cores multiply (float64)."""
     for v, name in ((m, "m"), (k, "k"), (n, "n")):
         check_count(v, name)
-    gen = torch.Generator().manual_seed(int(seed))
-    a = emulate.randn(m, k, generator=gen, dtype=torch.float64).to(torch.float32)
-    b = emulate.randn(k, n, generator=gen, dtype=torch.float64).to(torch.float32)
+    a, b = _normal_pair(int(m), int(k), int(n), int(seed))
     if positive:
         a, b = a.abs(), b.abs()
     q = RECIPES[recipe]

@@ -60,6 +60,7 @@ __all__ = [
     "least_squares_floor",
     "load_quantized_runs",
     "network_signals",
+    "ordinary_sqnr",
     "outlier_activations",
     "outlier_regression",
     "outlier_report",
@@ -204,14 +205,24 @@ class OutlierReport:
     ordinary_lost: float  # share of the ordinary channels' nonzero entries that became 0
 
 
+def _ordinary(x: torch.Tensor, xhat: torch.Tensor, where: Sequence[int]):
+    """x and xhat without the outlier channels `where` (the last axis)."""
+    keep = torch.ones(x.shape[-1], dtype=torch.bool)
+    keep[list(_channels(where, x.shape[-1]))] = False
+    return x[:, keep], xhat[:, keep]
+
+
+def ordinary_sqnr(x: torch.Tensor, xhat: torch.Tensor, where: Sequence[int]) -> float:
+    """sqnr_db of xhat against x over the ordinary channels (all but `where`): OutlierReport.sqnr_ordinary."""
+    return sqnr_db(*_ordinary(x, xhat, where))
+
+
 def outlier_report(x: torch.Tensor, where: Sequence[int], quantizer: Quantizer) -> OutlierReport:
     """quantizer(x) on activations whose channels `where` are outliers: shares and SQNR, all and ordinary."""
-    idx = _channels(where, x.shape[-1])
+    _channels(where, x.shape[-1])
     q = quantizer(x)
     xhat = q.dequantize()
-    keep = torch.ones(x.shape[-1], dtype=torch.bool)
-    keep[list(idx)] = False
-    xo, xho = x[:, keep], xhat[:, keep]
+    xo, xho = _ordinary(x, xhat, where)
     lost = int(((xo != 0) & (xho == 0)).sum()) / max(int((xo != 0).sum()), 1)
     return OutlierReport(q.saturated, q.underflowed, sqnr_db(x, xhat), sqnr_db(xo, xho), lost)
 

@@ -23,7 +23,7 @@ import torch
 
 from ..checks import check_positive
 from ..scaling import ScaleHistory, TrainLog, update_scale
-from ..underflow import AttenuatingNet, LayerGradients, make_batch, probe_gradients
+from ..underflow import AttenuatingNet, ForwardPass, LayerGradients, make_batch
 
 __all__ = ["AmpStep", "ScalerProbe", "grads_identical", "scale_actions", "scaler_in_front",
            "train_amp"]
@@ -46,26 +46,25 @@ def scaler_in_front(depth: int, steps: int, attenuation: float = 1.2, fmt="float
         raise ValueError(f"steps must be a positive integer; got steps={steps!r}")
     s = check_positive(init_scale, "init_scale")
     net = AttenuatingNet(depth, width, attenuation, fmt, seed)
-    x, t = make_batch(width, batch, fmt, seed)
+    # A skipped step leaves the weights as they were, so every step tried runs the same
+    # forward pass: it is run once, and each step is its backward pass at that step's scale.
+    forward = ForwardPass(net, *make_batch(width, batch, fmt, seed))
     tracker, scales, skipped, losses = 0, [], [], []
-    for _ in range(int(steps)):  # a skipped step leaves the weights as they were
-        p = probe_gradients(net, x, t, loss_scale=s)
+    for _ in range(int(steps)):
         # GradScaler looks at the gradients only (dL/dh holds the bias gradient's terms); a
-        # non-finite loss makes them non-finite too.
-        bad = not (p.weight.finite.all() and p.signal.finite.all())
+        # non-finite loss makes them non-finite too. The pass stops at the first inf/NaN.
+        p = forward.backward(loss_scale=s, stop_at_nonfinite=True)
+        bad = p is None
         scales.append(s)
         skipped.append(bad)
-        losses.append(p.loss)
+        losses.append(forward.loss)
         s, tracker = update_scale(s, tracker, bad)
         if not bad:
             break
-    with torch.no_grad():  # the largest forward activation, layer by layer
-        h, peak = x, []
-        for lin in net.layers:
-            h = lin(h)
-            peak.append(float(h.abs().max()))
+    if p is None:  # every step skipped: the last one's backward pass, in full
+        p = forward.backward(loss_scale=scales[-1])
     return ScalerProbe(p, losses, ScaleHistory(np.array(scales), np.array(skipped)),
-                       np.array(peak))
+                       forward.peak())  # the largest forward activation, layer by layer
 
 
 def scale_actions(history: ScaleHistory) -> list[str]:

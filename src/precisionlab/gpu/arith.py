@@ -129,6 +129,8 @@ class RoundedAdder:
         s = np.ascontiguousarray(np.add(a, b, dtype=self.dtype))
         if s.ndim == 0:
             return np.asarray(self._round(s.reshape(1))).reshape(())
+        if self.fmt.name == "float32":  # float32's own IEEE add was the one rounding: s is fl(a + b)
+            return s
         return round_to(s, self.fmt, self.mode, generator=self.generator, out=s)
 
     def add_any(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -161,5 +163,5 @@ def rounded_add(a, b, fmt, mode: str = "nearest_even", *, seed: int | None = Non
         return a + b
     a, b = np.broadcast_arrays(a, b)
     s, e = two_sum(a, b)
-    out = round_to(np.ascontiguousarray(round_to_odd(s, e)), fmt, mode, generator=gen)
+    out = _round_once(np.ascontiguousarray(round_to_odd(s, e)), fmt, mode, gen)  # one rounding each
     return np.asarray(out).reshape(a.shape)

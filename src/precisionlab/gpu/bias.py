@@ -92,9 +92,13 @@ def add_errors_by_binade(x, orders, acc: str | FloatFormat = "bfloat16",
     band_adds = np.zeros(nb * nk)
     band_err = np.zeros(nb * nk)
     s = np.zeros(lanes)
+    held = loads.astype(adder.dtype)  # the terms in the adder's container (exactly)
     for i in range(n):
         t = loads[o[:, i]]
-        new = np.asarray(adder.add_any(s, t), dtype=np.float64)
+        # s and t are values of fmt: add's one rounding (in float32 words for the narrow
+        # formats, by innocuous double rounding) is the correctly rounded sum, as add_any's
+        # round to odd in float64 is, with a quarter of the work
+        new = np.asarray(adder.add(s.astype(adder.dtype), held[o[:, i]]), dtype=np.float64)
         hi, lo = two_sum(s, t)
         err = (new - hi) - lo  # new - hi is exact (Sterbenz): the two are within a factor 2
         live = hi != 0

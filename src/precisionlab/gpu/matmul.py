@@ -16,7 +16,7 @@ import numpy as np
 from ..checks import check_positive_int
 from ..exact import as_float64
 from ..rounding import round_to, seed_generator
-from .arith import RoundedAdder, progress
+from .arith import CONVERT_NUMPY_MAX, RoundedAdder, progress
 from .profiles import DeviceProfile, get_profile
 
 __all__ = ["matmul", "round_operands"]
@@ -33,9 +33,13 @@ def round_operands(a, profile: str | DeviceProfile) -> np.ndarray:
     """fl_in(a) (after fl_stored(a) when the profile stores operands first): what the tensor cores see (float64)."""
     p = get_profile(profile)
     a = np.ascontiguousarray(np.asarray(a, dtype=np.float64))
+    # A load rounds each value once: on rounding's NumPy tier up to CONVERT_NUMPY_MAX values,
+    # as RoundedAdder.convert does (cheaper than a cold compile there; the same bits).
+    compiled = a.size > CONVERT_NUMPY_MAX
     if p.stored_as is not None:  # e.g. a float32 tensor: its words are what the hardware reads
-        a = np.asarray(round_to(a, p.stored_as), dtype=np.float64)
-    return np.asarray(round_to(a, p.inputs, p.input_mode, saturate=p.saturate), dtype=np.float64)
+        a = np.asarray(round_to(a, p.stored_as, compiled=compiled), dtype=np.float64)
+    return np.asarray(round_to(a, p.inputs, p.input_mode, saturate=p.saturate, compiled=compiled),
+                      dtype=np.float64)
 
 
 def matmul(a, b, profile: str | DeviceProfile = "fp32", *, splits: int = 1,

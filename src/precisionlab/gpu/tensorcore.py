@@ -47,6 +47,7 @@ import numpy as np
 from ..checks import check_choice
 from ..formats import FloatFormat, get_format
 from ..rounding import round_to
+from .arith import CONVERT_NUMPY_MAX
 from .profiles import lookup
 
 __all__ = [
@@ -160,11 +161,14 @@ def _feed(x: np.ndarray, inputs: str, operands: str, name: str) -> np.ndarray:
     if operands == "exact":
         _check_values(x, inputs, name)
         return x
+    # A conversion rounds each value once: on rounding's NumPy tier up to CONVERT_NUMPY_MAX
+    # values, as RoundedAdder.convert does (cheaper than a cold compile there; the same bits).
+    compiled = x.size > CONVERT_NUMPY_MAX
     if operands == "raw":
         _check_values(x, "float32", name, "raw operands are float32 words")
-        return np.asarray(round_to(x, "tf32", "toward_zero"), dtype=np.float64)
+        return np.asarray(round_to(x, "tf32", "toward_zero", compiled=compiled), dtype=np.float64)
     mode = "nearest_away" if inputs == "tf32" else "nearest_even"
-    return np.asarray(round_to(x, inputs, mode), dtype=np.float64)
+    return np.asarray(round_to(x, inputs, mode, compiled=compiled), dtype=np.float64)
 
 
 def block_fma(a, b, c, model: str | TensorCoreModel = "V100", inputs: str = "float16",

@@ -12,8 +12,10 @@ __all__ = ["count_shares", "overflow_threshold"]
 
 # From this many elements on, one compiled pass counts everything (a cold numba compile costs
 # about half a second once, then comes from numba's on-disk cache); shorter tensors use
-# NumPy's count_nonzero, several passes but no compiler. Both give the same counts.
-_NUMBA_MIN_SIZE = 1 << 16
+# NumPy's count_nonzero, several passes but no compiler (about 1 ms per 2^18 elements, so a
+# chapter's few tensors of 2^16 would pay the compile a hundred times over). Both give the
+# same counts.
+_NUMBA_MIN_SIZE = 1 << 20
 
 
 def overflow_threshold(elem: FloatFormat) -> tuple[float, bool]:

@@ -13,6 +13,7 @@ from .result import Quantized, encode
 __all__ = ["quantize_two_level"]
 
 _F32_MAX = torch.finfo(torch.float32).max
+_COMPILED_MIN_BLOCKS = 1 << 21  # block scales from which round_to may compile its loop
 
 
 def quantize_two_level(x, elem="float4_e2m1fn", block=16, axis: int = -1) -> Quantized:
@@ -74,7 +75,10 @@ def quantize_two_level(x, elem="float4_e2m1fn", block=16, axis: int = -1) -> Qua
     s = torch.ones(()) if float(top) == 0 else torch.clamp(s, max=_F32_MAX)
     g = (1 / s).to(torch.float64)
     # amax_k * S is exact in float64 (24 + 24 bits); one rounding of it / max_E, then E4M3.
-    b = round_to(amax * s.to(torch.float64) / e.max_finite, e4m3, saturate=True)
+    # One scale per block: NumPy rounds them in well under the cold compile of a numba loop
+    # (0.3-0.5 s, float64 words) until the blocks number millions; the same bits either way.
+    b = round_to(amax * s.to(torch.float64) / e.max_finite, e4m3, saturate=True,
+                 compiled=amax.numel() >= _COMPILED_MIN_BLOCKS)
     bf = b.to(torch.float32)
     m = torch.where(bf > 0, s / bf, torch.zeros((), dtype=torch.float32))
     return encode(x32, sizes, amax, m, b * g, e, "float8_e4m3fn", stored=bf,

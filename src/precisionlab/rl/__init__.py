@@ -25,6 +25,7 @@ Files, one concept each (lowest first):
 * `gradients`: the four-pass gradient decomposition and `gradient_report`;
 * `beta`: where beta comes from (`beta_table`, `beta_by_band`, `band_report`, `beta_by_offset`, ...);
 * `trainer`: `train`, `train_many`, `train_seeds` (generate, sync, score, update);
+* `native_adam`: `TorchAdam`, torch's Adam step for the native back end (no Optimizer built);
 * `gathered`: `gathered_log_softmax`, the trainer's log-probability of the sampled token,
   compiled (the same bits as emulate.log_softmax and a gather);
 * `serving`: `ServingEngine`, an engine whose serving kernel differs from the shadow forward;

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -11,12 +10,11 @@ import torch
 from .. import emulate as E
 from ..rounding import round_to
 from .engine import Engine, Rollout, sequence_logprobs, vocabulary_logprobs
+from .gathered import gathered_log_softmax
 from .policy import EOS, PRECISIONS, Policy, PolicyConfig
 from .stats import fmean, fstd
 
 __all__ = ["beta_by_band", "beta_by_offset", "beta_table", "logit_rounding_beta"]
-
-_FP32 = E.Precision("float32")
 
 
 def beta_table(policy: Policy, rollout: Rollout, precisions: Sequence[str] = PRECISIONS,
@@ -65,11 +63,10 @@ def band_report(policy: Policy, bands: Sequence[tuple[float, float]], seed: int)
 @torch.no_grad()
 def logit_rounding_beta(policy: Policy, rollout: Rollout, fmt="bfloat16") -> torch.Tensor:
     """beta from rounding only the logits: f(a; z) - f(a; fl(z)), z from the fp32 forward, per token (N,)."""
+    # gathered_log_softmax: emulate.log_softmax's fp32 value at the token, compiled.
     z = policy(*rollout.token_inputs(policy.bos), "fp32")
-    tok = rollout.tokens[rollout.mask][:, None]
-    exact = E.log_softmax(z, _FP32).gather(1, tok)
-    rounded = E.log_softmax(round_to(z, fmt), _FP32).gather(1, tok)
-    return (exact - rounded).squeeze(1)
+    tok = rollout.tokens[rollout.mask]
+    return gathered_log_softmax(z, tok) - gathered_log_softmax(round_to(z, fmt), tok)
 
 
 def beta_by_offset(policy_cfg: PolicyConfig, offsets: Sequence[float], seed: int = 0,
@@ -80,8 +77,9 @@ def beta_by_offset(policy_cfg: PolicyConfig, offsets: Sequence[float], seed: int
     # leaves the exact policy unchanged). "full": trainer forward against engine forward;
     # "logits_only": an fp32 forward whose logits alone are rounded into the engine's format.
     out = {k: np.zeros(len(offsets)) for k in ("full", "logits_only", "beyond")}
+    weights = Policy(policy_cfg, seed)  # the same weights at every offset: drawn once
     for i, offset in enumerate(offsets):
-        policy = Policy(replace(policy_cfg, logit_offset=float(offset)), seed)
+        policy = weights.with_logit_offset(offset)
         rollout = Engine(policy, engine).generate(group_size,
                                                   torch.Generator().manual_seed(seed + 1))
         with torch.no_grad():

@@ -5,9 +5,15 @@ emulate ops of Policy.forward and emulate.log_softmax compute, bit for bit: the 
 roundings, the same fp32 accumulation order in the matrix products, the same float64
 formulas and pairwise sums in RMSNorm and the log-softmax. It is built from emulate.kernels,
 the compiled twins of emulate's arithmetic; tests/test_rl.py holds the two paths equal.
+It takes one row at a time through the forward's stages, one rounding site and one
+matrix-product loop for all of them: a small function, which numba compiles in about half
+the time of one calling a kernel per operation (the first rollout of a cold start waits
+for it).
 """
 
 from __future__ import annotations
+
+import math
 
 import numba
 import numpy as np
@@ -26,54 +32,68 @@ _FP32 = E.Precision("float32")
 
 
 @numba.njit(cache=True)
-def forward_kernel(prompt, prev, pos, tok, pos_t, prompt_t, w_in_t, w_out_t, head_t, bias,
-                   wp, out):  # pragma: no cover - compiled
-    """out = log_softmax(z) in fp32 for rows (prompt, prev, pos); weights already in F, matrices transposed (K, N)."""
-    depth, d, m = w_in_t.shape
+def forward_kernel(rows, tok, pos_t, prompt_t, w_in_t, w_out_t, head_t, bias, wp, out,
+                   scratch, buf):  # pragma: no cover - compiled
+    """out = log_softmax(z) in fp32 for rows = (prompt, prev, pos) (3, N); weights already in F, matrices transposed (K, N).
+
+    scratch: float32 (3, W) and buf: float64 (W + 2), W = max(width, hidden, vocab). Each row
+    runs through the forward's stages in order, every stage one rounding of a float64 row:
+    0 the embedding sum; per block 1 RMSNorm, 2 the hidden layer (then ReLU), 3 the output
+    layer, 4 the residual add; then RMSNorm and the head. One compiled rounding site and one
+    matrix-product loop serve every stage (what keeps the compile short). The rows' operations
+    are those of `emulate.kernels`' round_into, rms_rows and gemm, row by row.
+    """
+    depth, d = w_in_t.shape[:2]
     v = head_t.shape[1]
-    n = prompt.shape[0]
-    x = np.empty((n, d), np.float32)
-    xn = np.empty((n, d), np.float32)
-    h = np.empty((n, m), np.float32)
-    y = np.empty((n, d), np.float32)
-    z = np.empty((n, v), np.float32)
-    buf = np.empty(max(m, d, v) + 2, np.float64)
-    zz = np.empty(v, np.float64)
-    for i in range(n):
-        for k in range(d):
-            s = np.float32(tok[prev[i], k] + pos_t[pos[i], k])
-            y[i, k] = s + prompt_t[prompt[i], k]
-    K.round_into(y, x, buf, wp)
-    for layer in range(depth):
-        K.rms_rows(x, xn, buf, wp)
-        K.gemm(xn, w_in_t[layer], h)
-        K.round_into(h, h, buf, wp)
-        for i in range(n):
-            for j in range(m):
-                if h[i, j] < 0:  # relu (the sign of a zero changes no later sum)
-                    h[i, j] = 0.0
-        K.gemm(h, w_out_t[layer], y)
-        K.round_into(y, y, buf, wp)
-        for i in range(n):
-            for k in range(d):
-                y[i, k] = x[i, k] + y[i, k]
-        K.round_into(y, x, buf, wp)
-    K.rms_rows(x, xn, buf, wp)
-    K.gemm(xn, head_t, z)
-    for i in range(n):
+    x, a, acc = scratch[0], scratch[1], scratch[2]  # stream; input row of a product; output
+    last = 4 * depth + 2
+    for i in range(rows.shape[1]):
+        for s in range(last + 1):
+            kind = 0 if s == 0 else (5 if s == last else (s - 1) % 4 + 1)
+            n = d
+            if kind == 0:  # x_0 = fl(fl(E_tok) + fl(E_pos) + fl(E_prompt)), fp32 adds
+                for k in range(d):
+                    e = np.float32(tok[rows[1, i], k] + pos_t[rows[2, i], k])
+                    buf[k] = np.float64(e + prompt_t[rows[0, i], k])
+            elif kind == 1:  # RMSNorm of x in float64
+                for k in range(d):
+                    buf[k] = np.float64(x[k]) * np.float64(x[k])
+                r = 1.0 / math.sqrt(K.pairwise_sum(buf, d) / d + 1e-6)
+                for k in range(d):
+                    buf[k] = np.float64(x[k]) * r
+            elif kind == 4:  # x + y in fp32
+                for k in range(d):
+                    buf[k] = np.float64(np.float32(x[k] + acc[k]))
+            else:  # a row times a matrix: fp32 sums over k in order, no FMA (K.gemm's)
+                layer = (s - 1) // 4
+                w = w_in_t[layer] if kind == 2 else (w_out_t[layer] if kind == 3 else head_t)
+                n = w.shape[1]
+                for j in range(n):
+                    acc[j] = 0.0
+                for p in range(w.shape[0]):
+                    ap = a[p]
+                    for j in range(n):
+                        acc[j] = acc[j] + ap * w[p, j]
+                if kind == 5:
+                    for j in range(n):
+                        acc[j] = acc[j] + bias[j]
+                for j in range(n):
+                    buf[j] = np.float64(acc[j])
+            for j in range(n):  # the stage's one rounding
+                buf[j] = K.round_scalar(buf[j], wp)
+            dest = x if kind == 0 or kind == 4 else (a if kind <= 2 else acc)
+            for j in range(n):
+                dest[j] = np.float32(buf[j])
+                if kind == 2 and dest[j] < 0:  # relu (the sign of a zero changes no later sum)
+                    dest[j] = 0.0
+        zmax = -np.inf  # log-softmax of z = acc[:v], float64 (emulate.log_softmax's)
         for j in range(v):
-            z[i, j] = z[i, j] + bias[j]
-    K.round_into(z, z, buf, wp)
-    for i in range(n):
-        zmax = -np.inf
+            zmax = max(zmax, np.float64(acc[j]))
         for j in range(v):
-            zmax = max(zmax, np.float64(z[i, j]))
-        for j in range(v):
-            zz[j] = np.float64(z[i, j]) - zmax
-            buf[j] = K.exp64(zz[j])
+            buf[j] = K.exp64(np.float64(acc[j]) - zmax)
         lse = K.log64(K.pairwise_sum(buf, v))
         for j in range(v):
-            out[i, j] = np.float32(zz[j] - lse)
+            out[i, j] = np.float32((np.float64(acc[j]) - zmax) - lse)
 
 
 def kernel_weights(policy: Policy, precision: str, rounded_already: bool = False) -> tuple:
@@ -102,8 +122,10 @@ def fused_logprobs(policy: Policy, prompt, prev, pos, precision: str,
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     out = np.empty((first.size, cfg.vocab), np.float32)
     if first.size:
-        forward_kernel(*(np.ascontiguousarray(r[first]) for r in rows),
-                       *(weights or kernel_weights(policy, precision)), wp, out)
+        w = max(cfg.width, cfg.hidden, cfg.vocab)
+        forward_kernel(np.stack([r[first] for r in rows]),
+                       *(weights or kernel_weights(policy, precision)), wp, out,
+                       np.empty((3, w), np.float32), np.empty(w + 2))
     return torch.from_numpy(out[inverse.reshape(-1)])
 
 

@@ -23,23 +23,20 @@ __all__ = ["gathered_log_softmax"]
 
 
 @numba.njit(cache=True)
-def _row_lse(z, i, buf):  # pragma: no cover - compiled
-    """(max_v z_iv, log64(fixed_sum(exp64(z_iv - max)))) of row i, float64."""
-    v = z.shape[1]
-    zmax = -np.inf
-    for j in range(v):
-        zmax = max(zmax, np.float64(z[i, j]))
-    for j in range(v):
-        buf[j] = K.exp64(np.float64(z[i, j]) - zmax)
-    return zmax, K.log64(K.pairwise_sum(buf, v))
-
-
-@numba.njit(cache=True)
 def _forward(z, index, out, zmax, lse):  # pragma: no cover - compiled
-    """out_i = fl32((z_i,a_i - max_i) - lse_i); keeps max_i and lse_i for the backward."""
-    buf = np.empty(z.shape[1] + 2, np.float64)
+    """out_i = fl32((z_i,a_i - max_i) - lse_i); keeps max_i and lse_i for the backward.
+
+    lse_i = log64(fixed_sum(exp64(z_i - max_i))), float64 (inline: one kernel less to compile).
+    """
+    v = z.shape[1]
+    buf = np.empty(v + 2, np.float64)
     for i in range(z.shape[0]):
-        zmax[i], lse[i] = _row_lse(z, i, buf)
+        zm = -np.inf
+        for j in range(v):
+            zm = max(zm, np.float64(z[i, j]))
+        for j in range(v):
+            buf[j] = K.exp64(np.float64(z[i, j]) - zm)
+        zmax[i], lse[i] = zm, K.log64(K.pairwise_sum(buf, v))
         out[i] = np.float32((np.float64(z[i, index[i]]) - zmax[i]) - lse[i])
 
 

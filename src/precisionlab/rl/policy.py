@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -84,9 +85,20 @@ class Policy(torch.nn.Module):
         if cfg.checkpoint != "fp32":  # a checkpoint stored in a lower precision
             for p in self.parameters():
                 p.data = round_to(p.data, cfg.checkpoint)
+        self.register_buffer("bias", self._bias(cfg))
+
+    @staticmethod
+    def _bias(cfg: PolicyConfig) -> torch.Tensor:
         bias = torch.full((cfg.vocab,), float(cfg.logit_offset))
         bias[EOS] += cfg.eos_logit
-        self.register_buffer("bias", bias)
+        return bias
+
+    def with_logit_offset(self, offset: float) -> Policy:
+        """Policy(cfg with logit_offset=offset, seed): a copy, since no weight depends on the offset."""
+        policy = copy.deepcopy(self)
+        policy.cfg = replace(self.cfg, logit_offset=float(offset))
+        policy.bias = self._bias(policy.cfg)
+        return policy
 
     @property
     def bos(self) -> int:

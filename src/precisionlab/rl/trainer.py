@@ -13,6 +13,7 @@ from ..formats import get_format
 from .engine import Engine, sequence_logprobs
 from .gradients import gradient_report
 from .grpo import classify_clipping, clipped, group_advantages, log_ratio_split, surrogate_loss
+from .native_adam import TorchAdam
 from .policy import EOS, Policy, PolicyConfig
 from .runs import STEP_FIELDS, RunConfig, RunLog
 from .serving import make_engine
@@ -30,7 +31,7 @@ def _start(policy_cfg: PolicyConfig, run: RunConfig, seed: int):
             for p in policy.parameters():
                 p.data = p.data.to(get_format(run.master).torch_dtype)
         # foreach=False keeps bf16 weights updated in bf16.
-        opt = torch.optim.Adam(policy.parameters(), lr=run.lr, foreach=False)
+        opt = TorchAdam(policy.parameters(), lr=run.lr)
         return policy, opt, Engine(policy, run.engine, "native")
     master = E.Precision(run.master)
     with torch.no_grad():

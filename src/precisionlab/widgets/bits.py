@@ -34,19 +34,19 @@ def bit_view(value: float = 0.1, fmt="bfloat16", mode: str = "nearest_even") -> 
     fx = fields.value
     err = fx - v
     rel = f"{err / v:+.3e}" if v != 0 else "n/a"
-    gap_up = float(next_up(fx, f)) - fx
+    gap = float(ulp(fx, f))
+    below, above = float(next_down(fx, f)), float(next_up(fx, f))
     lines = [
         f"x          = {v!r}  rounded into {f.name} ({mode})",
         f"fl(x)      = {fx!r}   (error {err:+.3e}, relative {rel})",
         f"bits       = {fields.bits}   (sign | exponent | mantissa)",
         f"kind       = {fields.kind}: {fields.meaning.split(' = ')[0]}",
-        f"ulp(fl(x)) = {format_value(float(ulp(fx, f)))} = {float(ulp(fx, f))!r}",
-        f"next_down  = {float(next_down(fx, f))!r}",
-        f"next_up    = {float(next_up(fx, f))!r}",
+        f"ulp(fl(x)) = {format_value(gap)} = {gap!r}",
+        f"next_down  = {below!r}",
+        f"next_up    = {above!r}",
     ]
     panel = TextPanel("\n".join(lines))
-    gap_down = fx - float(next_down(fx, f))
-    lo, hi = fx - 3.5 * gap_down, fx + 3.5 * gap_up
+    lo, hi = fx - 3.5 * (fx - below), fx + 3.5 * (above - fx)
     fig, ax = view_figure(3.2)
     plot_number_line(f, lo, hi, x=v, mode=mode, ax=ax)
     return panel, fig

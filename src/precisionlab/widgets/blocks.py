@@ -9,8 +9,8 @@ from matplotlib.figure import Figure
 from ..chapters.quantize_runs import (
     OUTLIER_CHANNELS,
     block_sqnr,
+    ordinary_sqnr,
     outlier_activations,
-    outlier_report,
     share_beside_outliers,
 )
 from ..checks import check_real
@@ -55,14 +55,12 @@ def block_view(outlier: float = 100.0, block: int = 16, scale_format="float8_e8m
              f"{'element':<14}{'saturated':>10}{'underflowed':>13}{'SQNR ordinary':>15}"]
     curves = {}
     for elem in BLOCK_ELEMENTS:
-        qx = quantize_blocks(x, elem, block, -1, scale_format)  # once: the report and the curve
-
-        def q(t, elem=elem, qx=qx):
-            return qx if t is x else quantize_blocks(t, elem, block, -1, scale_format)
-        r = outlier_report(x, OUTLIER_CHANNELS, q)
-        lines.append(f"{short_name(elem):<14}{r.saturated:>10.1%}{r.underflowed:>13.1%}"
-                     f"{r.sqnr_ordinary:>12.1f} dB")
-        curves[short_name(elem)] = block_sqnr(x, qx.dequantize(), block, OUTLIER_CHANNELS)
+        qx = quantize_blocks(x, elem, block, -1, scale_format)  # once: the row and the curve
+        xhat = qx.dequantize()
+        db = ordinary_sqnr(x, xhat, OUTLIER_CHANNELS)  # outlier_report's sqnr_ordinary
+        lines.append(f"{short_name(elem):<14}{qx.saturated:>10.1%}{qx.underflowed:>13.1%}"
+                     f"{db:>12.1f} dB")
+        curves[short_name(elem)] = block_sqnr(x, xhat, block, OUTLIER_CHANNELS)
     fig, ax = view_figure(3.8)
     plot_block_sqnr(curves, block, OUTLIER_CHANNELS, ax=ax,
                       styles={short_name(e): _STYLES[e] for e in BLOCK_ELEMENTS})

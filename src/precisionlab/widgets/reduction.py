@@ -32,6 +32,12 @@ def reduction_data(n: int = 256, seed: int = 0):
     return np.asarray(round_to(rng.uniform(0.25, 1.0, n), "float16"), dtype=np.float64)
 
 
+@lru_cache(maxsize=8)
+def _exact(n: int, seed: int) -> float:
+    """The exact sum of reduction_data(n, seed), computed once for every view of the grid."""
+    return float(exact_sum(reduction_data(n, seed)))
+
+
 @lru_cache(maxsize=64)
 def reduction_sums(order: str, acc: str, block: int, n: int, runs: int, seed: int) -> np.ndarray:
     """The explorer's vector summed in `order` with an `acc` accumulator: runs sums for atomic, else one."""
@@ -53,7 +59,7 @@ def reduction_view(order: str = "atomic", acc="float16", block: int = 1, margin:
     m = check_real(margin, "margin")
     if m == 0 or abs(m) >= 1:
         raise ValueError(f"margin must be nonzero and below 1 in size; got margin={m!r}")
-    exact = float(exact_sum(reduction_data(n, seed)))
+    exact = _exact(n, seed)
     tol = exact * (1 + m)
     sums = reduction_sums(order, f.name, block, int(n), int(runs), int(seed))
     lanes = sums.size

@@ -17,13 +17,27 @@ class _Round(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, fmt, grad_fmt):
         ctx.grad_fmt = grad_fmt
-        return round_to(x.detach().contiguous(), fmt)
+        return _rounded(x.detach(), fmt)
 
     @staticmethod
     def backward(ctx, g):
         if ctx.grad_fmt is not None:
             g = round_to(g.contiguous(), ctx.grad_fmt)
         return g, None, None
+
+
+def _rounded(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """round_to(x, fmt); a float64 CPU tensor into float32 by torch's own cast and back.
+
+    That cast is the C double -> float conversion round_to's native path makes through NumPy
+    (nearest even, subnormals kept, overflow to inf), without the trip through NumPy; a NaN
+    goes to round_to, which gives it the emulated kernel's bits.
+    """
+    if fmt == "float32" and x.dtype == torch.float64 and x.device.type == "cpu":
+        y = x.to(torch.float32)
+        if not bool(torch.isnan(y).any()):
+            return y.to(torch.float64)
+    return round_to(x.contiguous(), fmt)
 
 
 class _Spread(torch.autograd.Function):
@@ -92,9 +106,31 @@ def force(world: World, kb, p, v, r, y):
     return f
 
 
-def integrate(world: World, y, v, r, hg):
-    """Unconstrained step: semi-implicit (y uses the new v) or explicit Euler (y uses the old v)."""
+def integrate(world: World, y, v, r, hg, h=None):
+    """Unconstrained step: semi-implicit (y uses the new v) or explicit Euler (y uses the old v).
+
+    h: the step size, world.h unless given (a tensor broadcasting to y: one per lane).
+    """
+    h = world.h if h is None else h
     if world.integrator == "semi_implicit":
         v1 = r(v - hg)
-        return r(y + r(world.h * v1)), v1
-    return r(y + r(world.h * v)), r(v - hg)
+        return r(y + r(h * v1)), v1
+    return r(y + r(h * v)), r(v - hg)
+
+
+def penalty_step(world: World, y, v, kb, r, hg, h=None, p_old=None):
+    """One step of penalty contact: (y, v) after it, the unconstrained velocity v' and the
+    penetration of the new y where the step computed it (semi-implicit Euler: its force
+    uses the new position and v'), else None (explicit Euler: the force uses the old state,
+    whose penetration p_old may be given).
+
+    h: the step size, world.h unless given (a tensor broadcasting to y: one per lane).
+    """
+    h = world.h if h is None else h
+    if world.integrator == "explicit":
+        p_old = penetration(y, world, r) if p_old is None else p_old
+        y1, v1 = integrate(world, y, v, r, hg, h)
+        return y1, r(v1 + r(h * force(world, kb, p_old, v, r, y))), v1, None
+    y1, v1 = integrate(world, y, v, r, hg, h)
+    p_new = penetration(y1, world, r)
+    return y1, r(v1 + r(h * force(world, kb, p_new, v1, r, y1))), v1, p_new

@@ -7,7 +7,7 @@ import torch
 
 from ..checks import check_choice, check_count, check_positive, check_real
 from ..emulate import fixed_sum
-from .dynamics import force, integrate, penetration, rounder, spread
+from .dynamics import integrate, penalty_step, penetration, rounder, spread
 from .model import LOSSES, Rollout, World
 from .solver import solve
 
@@ -54,35 +54,38 @@ def rollouts(world: World, y0, k, horizons, v0=0.0, loss: str = "penetration",
              target: float = 0.0, k_transform=None) -> list[Rollout]:
     """[rollout(world, y0, k, T, ...) for T in horizons], bit for bit, from one unroll to max(horizons).
 
-    The steps up to T do not depend on the horizon, so one unroll serves every T; the loss
-    and dL/dk of each T are taken when the unroll reaches step T (its graph kept for the
-    later ones). horizons: step counts >= 1, in any order, repeats allowed.
+    The steps up to T do not depend on the horizon, so one unroll serves every T. Each
+    distinct horizon gets its own copy of the lanes (a replica: its own k, so its own dL/dk);
+    a replica leaves the batch at its horizon with its loss, and one backward pass then
+    gives every horizon's gradient. The copies run the same arithmetic, and the solver's
+    passes, which are decided per lane, come out the same in each. horizons: step counts
+    >= 1, in any order, repeats allowed.
     """
     if isinstance(horizons, (str, bytes)) or not hasattr(horizons, "__iter__"):
         raise ValueError(f"horizons must be a list of step counts; got horizons={horizons!r}")
     wanted = [check_count(T, "T") for T in horizons]
     if not wanted:
         raise ValueError("horizons must hold at least one step count; got []")
-    T = max(wanted)
+    ends = sorted(set(wanted))  # replica j leaves after step ends[j]
+    T = ends[-1]
     check_choice(loss, "loss", LOSSES)
     target = check_real(target, "target")
     y_np, v_np, k_np = _lanes(y0, v0, k)
     lanes, n = y_np.shape
+    reps = len(ends)
     r = rounder(world.fmt, world.grad_fmt)
-    k_leaf = torch.tensor(k_np, dtype=torch.float64, requires_grad=True)
-    k_used = k_leaf if k_transform is None else k_transform(k_leaf)
+    k_leaf = torch.tensor(np.tile(k_np, reps), dtype=torch.float64, requires_grad=True)
+    k_used = k_leaf if k_transform is None else torch.cat(
+        [k_transform(part) for part in k_leaf.split(lanes)])  # each replica's k on its own
     kb = spread(k_used, n)
-    y = r(torch.from_numpy(y_np))
-    v = r(torch.from_numpy(v_np))
+    y = r(torch.from_numpy(np.tile(y_np, (reps, 1))))
+    v = r(torch.from_numpy(np.tile(v_np, (reps, 1))))
     hg = world.gravity_step
-    if world.contact == "projection":
-        c = r(world.alpha * kb)
-    engaged = np.full(lanes, bool(world.start_engaged))
+    c = r(world.alpha * kb) if world.contact == "projection" else None
+    engaged = np.full(lanes * reps, bool(world.start_engaged))
 
-    done = {}
-
-    def _finish(y, p_end, contact, last):
-        """(loss, dL/dk, whether L depends on k, first_contact) at the step reached."""
+    def _loss(y, p_end):
+        """Each lane's loss at the step reached: (L,) from the first replica's rows of y and p."""
         if loss == "penetration":
             per_ball = p_end * p_end
         elif loss == "height":
@@ -90,18 +93,10 @@ def rollouts(world: World, y0, k, horizons, v0=0.0, loss: str = "penetration",
             per_ball = d * d
         else:
             per_ball = y
-        loss_lanes = fixed_sum(per_ball, dim=-1) / n
-        needs = bool(loss_lanes.requires_grad)
-        grad = np.zeros(lanes)
-        if needs:
-            (g,) = torch.autograd.grad(loss_lanes, k_leaf,
-                                       grad_outputs=torch.ones_like(loss_lanes),
-                                       allow_unused=True, retain_graph=not last)
-            if g is not None:
-                grad = g.detach().numpy().copy()
-        return loss_lanes.detach().numpy().copy(), grad, needs, contact
+        return fixed_sum(per_ball, dim=-1) / n
 
-    heights, vels, pens = [y.detach().numpy().copy()], [v.detach().numpy().copy()], []
+    # the log: the last replica's rows (it runs to T; every replica's steps are the same)
+    heights, vels, pens = [y[-lanes:].detach().numpy().copy()], [v[-lanes:].detach().numpy().copy()], []
     free, touch = [], []
     iters = np.zeros((T, lanes), dtype=np.int64)
     stops = np.full((T, lanes), "none", dtype=object)
@@ -109,40 +104,58 @@ def rollouts(world: World, y0, k, horizons, v0=0.0, loss: str = "penetration",
     first_margin = np.full((T, lanes), np.nan)
     flips = np.zeros((T, lanes), dtype=np.int64)
     first_contact = np.full(lanes, -1, dtype=np.int64)
+    p_next = None  # penalty contact: the penetration of y, once a step has computed it
+    losses, contacts = [], []
 
     for t in range(T):
         if world.contact == "penalty":
-            if world.integrator == "explicit":
-                p_old = penetration(y, world, r)
-                y1, v1 = integrate(world, y, v, r, hg)
-                v = r(v1 + r(world.h * force(world, kb, p_old, v, r, y)))
-                y = y1
-            else:
-                y1, v1 = integrate(world, y, v, r, hg)
-                p_new = penetration(y1, world, r)
-                v = r(v1 + r(world.h * force(world, kb, p_new, v1, r, y1)))
-                y = y1
-            touching = (y1 < 0).detach().numpy().any(axis=1)
-            p_end = penetration(y, world, r)
+            y, v, v1, p_new = penalty_step(world, y, v, kb, r, hg, p_old=p_next)
+            touching = (y[-lanes:] < 0).detach().numpy().any(axis=1)
+            # p of the new y, computed once: the step's (semi-implicit) serves the log, and
+            # the log's the next step's force (explicit), except where a loss takes p_end
+            # (then it is a node of its own, as its gradient's rounding requires)
+            scored = loss == "penetration" and t + 1 in ends
+            p_end = p_new if p_new is not None and not scored else penetration(y, world, r)
+            p_next = None if scored else p_end
         else:
             y1, v1 = integrate(world, y, v, r, hg)
             below = y1 < 0
-            touching = below.detach().numpy().any(axis=1)
-            y, passes, stop, last_m, first_m, fl, engaged = solve(world, y1, c, r, engaged)
-            iters[t], stops[t], margin[t], first_margin[t], flips[t] = passes, stop, last_m, first_m, fl
+            touching = below[-lanes:].detach().numpy().any(axis=1)
+            y, passes, stop, last_m, first_m, fl, engaged, p_end = solve(world, y1, c, r, engaged)
+            iters[t], stops[t], margin[t], first_margin[t], flips[t] = (
+                a[-lanes:] for a in (passes, stop, last_m, first_m, fl))
             bounce = -r(world.restitution * torch.minimum(v1, torch.zeros_like(v1)))
             v = torch.where(below, bounce, v1)
             if world.clamp:
                 y = torch.where(y < 0, torch.zeros_like(y), y)  # relu(y): no k past this point
-            p_end = penetration(y, world, r)
+                p_end = penetration(y, world, r)
         first_contact = np.where((first_contact < 0) & touching, t, first_contact)
-        free.append(v1.detach().numpy().copy())
+        free.append(v1[-lanes:].detach().numpy().copy())
         touch.append(touching.copy())
-        heights.append(y.detach().numpy().copy())
-        vels.append(v.detach().numpy().copy())
-        pens.append(p_end.detach().numpy().copy())
-        if t + 1 in wanted:
-            done[t + 1] = _finish(y, p_end, first_contact.copy(), t + 1 == T)
+        heights.append(y[-lanes:].detach().numpy().copy())
+        vels.append(v[-lanes:].detach().numpy().copy())
+        pens.append(p_end[-lanes:].detach().numpy().copy())
+        if t + 1 == ends[len(losses)]:  # the first replica leaves with its loss
+            losses.append(_loss(y[:lanes], p_end[:lanes]))
+            contacts.append(first_contact.copy())
+            if t + 1 < T:
+                y, v, kb, p_end = y[lanes:], v[lanes:], kb[lanes:], p_end[lanes:]
+                c = None if c is None else c[lanes:]
+                p_next = None if p_next is None else p_next[lanes:]
+                engaged = engaged[lanes:]
+
+    # every horizon's dL/dk from one backward pass: the sum seeds each lane's loss with
+    # exactly 1 (as grad_outputs=ones would, without torch's checks of a given seed, which
+    # import sympy), and the replicas' k are separate leaves
+    scored = [j for j, lj in enumerate(losses) if lj.requires_grad]
+    grads = np.zeros((reps, lanes))
+    if scored:
+        total = torch.cat([losses[j] for j in scored]).sum()
+        (g,) = torch.autograd.grad(total, k_leaf, allow_unused=True)
+        if g is not None:
+            grads = g.detach().numpy().reshape(reps, lanes).copy()
+    done = {h: (losses[j].detach().numpy().copy(), grads[j], j in scored, contacts[j])
+            for j, h in enumerate(ends)}
 
     heights, vels, pens = np.stack(heights), np.stack(vels), np.stack(pens)
     free, touch = np.stack(free), np.stack(touch)

@@ -121,6 +121,42 @@ def test_short_float32_tensors_take_torch_casts_with_the_kernels_bits(name):
         assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32)), name
 
 
+def float64_patterns_around_float32(n_random: int = 1 << 14, seed: int = 1) -> np.ndarray:
+    """float64 values at float32's hard places: ties, a double ulp either side, subnormals,
+    overflow's edge, +-inf, NaNs with payloads and both signs, and random words."""
+    rng = np.random.default_rng(seed)
+    f32 = boundary_patterns().view(np.float32)
+    f32 = f32[np.isfinite(f32)].astype(np.float64)
+    up = np.nextafter(f32.astype(np.float32), np.float32(np.inf)).astype(np.float64)
+    ties = (f32 + up) / 2  # exact: float32 neighbours' midpoint fits in float64
+    ties = ties[np.isfinite(ties)]
+    near = np.concatenate([np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf)])
+    big = float(np.finfo(np.float32).max)
+    edge = np.array([big, big * (1 + 2.0**-25), np.nextafter(big * (1 + 2.0**-25), 0), 2.0**128,
+                     2.0**-150, np.nextafter(2.0**-150, 1), 2.0**-149 * 1.5, np.inf, -np.inf, 0.0, -0.0])
+    nan_words = np.array([0x7FF8000000000000, 0xFFF8000000000000, 0x7FF0000000000001,
+                          0xFFF4000000000123], dtype=np.uint64)
+    words = rng.integers(0, 2**64, n_random, dtype=np.uint64, endpoint=False)
+    x = np.concatenate([f32, ties, near, edge, -edge, nan_words.view(np.float64), words.view(np.float64)])
+    return x
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+def test_float64_tensors_round_to_float32_in_torch_with_the_kernels_bits():
+    """A float64 CPU tensor rounds to float32 by torch's cast, with the integer kernel's bits
+    (NaN included) and NumPy's C conversion's values, on ties and at the overflow edge."""
+    x = float64_patterns_around_float32()
+    got = round_to(torch.from_numpy(x.copy()), "float32")
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float64
+    want = round_to(x, "float32", backend="emulated")
+    assert np.array_equal(got.numpy().view(np.uint64), want.view(np.uint64))
+    finite = ~np.isnan(x)
+    assert np.array_equal(got.numpy()[finite], x[finite].astype(np.float32).astype(np.float64))
+    assert np.isnan(got.numpy()[~finite]).all() and (np.signbit(got.numpy()) == np.signbit(want)).all()
+    strided = torch.from_numpy(x.copy())[::3]  # not contiguous
+    assert np.array_equal(round_to(strided, "float32").numpy().view(np.uint64), want[::3].view(np.uint64))
+
+
 @pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 def test_the_fused_loop_ignores_flush_to_zero():
     """torch.set_flush_denormal(True) sets FTZ/DAZ: float32 subnormal inputs read as zero.

@@ -6,7 +6,8 @@ and float8_e5m2 with torch, into float8_e4m3fn with the overflow rule this torch
 may cast there and back instead of running `rounding_kernel`. NaNs come back as the quiet
 NaN with the input's sign, the kernel's pattern (a library cast keeps payload bits), so
 every back end gives the same bits (tests/test_rounding_native.py). `auto_takes_native`
-is where backend="auto" prefers the cast: float32 inputs below the kernel's numba tier.
+is where backend="auto" prefers the cast: float32 inputs below the kernel's numba tier,
+and float64 -> float32 always.
 """
 
 from __future__ import annotations
@@ -95,20 +96,28 @@ def auto_takes_native(a: np.ndarray, fmt: FloatFormat) -> bool:
 
 
 def native_tensor(t: torch.Tensor, fmt: FloatFormat, saturate: bool, backend: str):
-    """fl(t) by torch's own cast for a float32 CPU tensor, or None where round_to decides.
+    """fl(t) by torch's own cast for a float32 (or float64 -> float32) CPU tensor, or None.
 
-    The same cast as native_cast's, without the trip through NumPy: a short tensor (a
+    The same casts as native_cast's, without the trip through NumPy: a short tensor (a
     layer's activations, rounded thousands of times per training run) costs a few
-    microseconds instead of some twenty.
+    microseconds instead of some twenty. float64 -> float32 is torch's C double -> float
+    conversion, the one NumPy makes (nearest even, subnormals kept, overflow to inf). None
+    means round_to decides.
     """
-    if (t.dtype != torch.float32 or t.device.type != "cpu" or backend == "emulated"
-            or (backend == "auto" and t.numel() >= rounding_kernel.NUMBA_MIN_SIZE)):
+    if t.device.type != "cpu" or backend == "emulated":
         return None
-    dtype = native_dtype(fmt, saturate)
+    if t.dtype == torch.float64 and fmt.name == "float32" and not saturate:
+        dtype, wide = torch.float32, torch.float64  # auto_takes_native: always
+    elif t.dtype == torch.float32 and not (
+            backend == "auto" and t.numel() >= rounding_kernel.NUMBA_MIN_SIZE):
+        dtype, wide = native_dtype(fmt, saturate), torch.float32
+    else:
+        return None
     if dtype is None:
         return None
-    y = t.contiguous().to(dtype).to(torch.float32)
+    t = t.contiguous()
+    y = t.to(dtype).to(wide)
     nan = torch.isnan(y)
     if bool(nan.any()):  # the kernel's NaN: quiet, payload 0, the input's sign
-        y[nan] = torch.copysign(torch.tensor(float("nan")), t.contiguous()[nan])
+        y[nan] = torch.copysign(torch.tensor(float("nan"), dtype=wide), t[nan])
     return y

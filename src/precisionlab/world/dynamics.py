@@ -17,27 +17,13 @@ class _Round(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, fmt, grad_fmt):
         ctx.grad_fmt = grad_fmt
-        return _rounded(x.detach(), fmt)
+        return round_to(x.detach(), fmt)
 
     @staticmethod
     def backward(ctx, g):
         if ctx.grad_fmt is not None:
             g = round_to(g.contiguous(), ctx.grad_fmt)
         return g, None, None
-
-
-def _rounded(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """round_to(x, fmt); a float64 CPU tensor into float32 by torch's own cast and back.
-
-    That cast is the C double -> float conversion round_to's native path makes through NumPy
-    (nearest even, subnormals kept, overflow to inf), without the trip through NumPy; a NaN
-    goes to round_to, which gives it the emulated kernel's bits.
-    """
-    if fmt == "float32" and x.dtype == torch.float64 and x.device.type == "cpu":
-        y = x.to(torch.float32)
-        if not bool(torch.isnan(y).any()):
-            return y.to(torch.float64)
-    return round_to(x.contiguous(), fmt)
 
 
 class _Spread(torch.autograd.Function):

@@ -66,7 +66,8 @@ _INTERVALS = ("tests/test_intervals.py", "tests/test_intervals_fields.py", "test
 # module (path under src/precisionlab without .py; a folder package keeps its name) -> unit tests
 TESTS: dict[str, tuple[str, ...]] = {
     "scaling": ("tests/test_scaling.py", "tests/test_scaling_scalers.py"),
-    "rounding": ("tests/test_rounding.py", "tests/test_rounding_stochastic.py", "tests/test_rounding_display.py"),
+    "rounding": ("tests/test_rounding.py", "tests/test_rounding_stochastic.py", "tests/test_rounding_display.py",
+                 "tests/test_rounding_native.py"),
     "intervals/interval": _INTERVALS,
     "intervals/outward": _INTERVALS,
     "intervals/ops": _INTERVALS,
@@ -76,14 +77,17 @@ TESTS: dict[str, tuple[str, ...]] = {
     "world": ("tests/test_world.py", "tests/test_world_ch3.py", "tests/test_world_rollout.py"),
 }
 TESTS["rounding_kernel"] = TESTS["rounding"]  # rounding's emulated recipe: the same tests
-DESELECT = "not same_bits and not figures and not numba_tiers and not tier_depends"
+TESTS["rounding_native"] = TESTS["rounding"]  # rounding's library casts: the same tests
+DESELECT = ("not same_bits and not figures and not numba_tiers and not tier_depends "
+            "and not every_dispatch_level")
 # Functions left out of the mutants, per module, with the reason.
 EXCLUDED: dict[str, dict[str, str]] = {
     "rounding_kernel": {
         name: "numba-only build code: mutmut's trampolines cannot be compiled by numba, so the "
               "numba tier is kept off in the copy (its _round_word source is mutated and run "
               "through the Python tier)"
-        for name in ("x__deterministic_loop", "x__stochastic_loop", "x_numba_kernel", "x__twin")
+        for name in ("x__deterministic_loop", "x__mode_loop", "x__stochastic_loop", "x__nearest_f32_loop",
+                     "x_numba_kernel", "x_numba_into", "x__twin")
     },
     # mutmut leaves decorated functions alone, so these make no mutants anyway; kernels.exp64 and
     # log64 are not listed: names are matched without the file, and elementary's twins must be mutated
@@ -102,9 +106,6 @@ EXCLUDED: dict[str, dict[str, str]] = {
 }
 # Survivors argued equivalent (no observable change) or not runnable under mutmut, with the
 # reason: (module, mutmut's function name, the mutated source line as mutmut writes it).
-_NUMBA_OFF = ("only the numba tier runs this line, and the copy keeps that tier off; "
-              "tests/test_rounding.py::test_python_numpy_and_numba_tiers_agree_bit_for_bit "
-              "fails on this mutant in a normal run (checked by hand)")
 _SAME_BITS = "picks another tier or back end of the same recipe: the same bits, only speed differs"
 _CASE = "format names are case-insensitive (formats.get_format lower-cases them)"
 _F64_IN = "every caller passes float64 arrays, which np.asarray keeps as they are"
@@ -136,23 +137,19 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ("rounding", "x__to_numpy",
      'elif a.dtype.itemsize <= 3 and (a.dtype.kind == "f" or a.dtype.name in FORMATS):'):
         "no float dtype or ml_dtypes format is 3 bytes wide",
-    ("rounding", "x__native_cast",
-     'if a.dtype != np.float32 or fmt.torch_dtype is None or fmt.name == "FLOAT32":'):
-        "round_to copies float32 input to float32 before asking for a native cast, so "
-        "fmt.name == 'float32' is never true here",
-    ("rounding", "x__emulate",
+    ("rounding_native", "x_native_dtype",
+     'if fmt.torch_dtype is None or fmt.name in ("FLOAT32", "float64") or not fmt.signed:'):
+        "a float32 target from a float32 input: torch's float32 -> float32 cast is the identity, "
+        "the bits round_to's copy gives",
+    ("rounding_kernel", "x_emulate_into",
      "uniform = fmt.emin + c.bias < 1  # fmt's normal range reaches down to the container's"):
         _SAME_BITS + " (the general word kernel for bfloat16/tf32, whose shift is then constant)",
-    ("rounding", "x__emulate", "python_words(src, dst, params, code, seed, None)"):
+    ("rounding_kernel", "x_emulate_into", "python_words(src, dst, params, code, seed, None)"):
         _SAME_BITS + " (the general word kernel instead of the uniform one)",
-    ("rounding", "x__emulate", "kernel = numba_kernel(code == STOCHASTIC, parallel)"): _NUMBA_OFF,
-    ("rounding", "x__emulate", "kernel(src, dst, *params, )"): _NUMBA_OFF,
-    ("rounding", "x_round_to",
-     'if native is not None and (backend == "native" or (backend == "AUTO" and fmt.name in _AUTO_NATIVE)):'):
+    ("rounding", "x_round_to", 'or (backend == "AUTO" and auto_takes_native(a, fmt))):'):
         _SAME_BITS + " (the kernel instead of the exact library cast)",
-    ("rounding", "x_round_to",
-     'if native is not None and (backend == "native" or (backend == "auto" and fmt.name not in _AUTO_NATIVE)):'):
-        _SAME_BITS + " (the exact library cast instead of the kernel)",
+    ("rounding", "x_round_to", 'or (backend == "auto" and not auto_takes_native(a, fmt))):'):
+        _SAME_BITS + " (the kernel and the exact library cast trade places)",
     ("rounding", "x__as_float64",
      "lambda r: torch.from_numpy(np.asarray(r, dtype=np.float64)).to(None))"):
         "on a CPU-only machine .to(device) and .to(None) are the same (a CUDA input would "
@@ -322,12 +319,11 @@ CONFTEST = '''
 @pytest.fixture(autouse=True)
 def _mutation_run_no_numba_tier(monkeypatch):
     """Keep rounding off its numba tier: numba cannot compile mutmut's trampolines."""
-    import precisionlab.rounding as _r
-    knobs = [k for k in ("_NUMBA_MIN_SIZE", "_COMPILE_AFTER_S") if hasattr(_r, k)]
-    if not knobs:
-        raise RuntimeError("scripts/mutation_run.py: rounding's numba switch is gone; update CONFTEST")
-    for k in knobs:
-        monkeypatch.setattr(_r, k, float("inf"))
+    import precisionlab.rounding_kernel as _k
+    if not hasattr(_k, "NUMBA_MIN_SIZE"):
+        raise RuntimeError("scripts/mutation_run.py: rounding_kernel.NUMBA_MIN_SIZE is gone; "
+                           "update CONFTEST")
+    monkeypatch.setattr(_k, "NUMBA_MIN_SIZE", float("inf"))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -460,6 +460,12 @@ def emulate_into(a: np.ndarray, out: np.ndarray, fmt: FloatFormat, code: int, ge
     if a.size < NUMBA_MIN_SIZE or not compiled:
         numpy_words(src, dst, *params, code, seed, uniform)
         return
+    numba_into(a, src, dst, fmt, code, params, seed, uniform, saturate, c)
+
+
+def numba_into(a, src, dst, fmt: FloatFormat, code: int, params: tuple, seed: int,
+               uniform: bool, saturate: bool, c: Container) -> None:
+    """emulate_into's numba tier: the serial or parallel build for this mode and container."""
     # Follow torch's thread setting: one thread there means serial here too. numba's OpenMP
     # layer resets the process-wide OpenMP thread count, which torch shares, so it is put back.
     torch_threads = torch.get_num_threads()

@@ -87,3 +87,32 @@ def test_sums_and_products_of_huge_values_raise_no_warning():
         sum_down(r), sum_up(r)
     mul_box(np.array([0.0, -INF]), np.array([INF, INF]), np.array([-INF, 0.0]), np.array([INF, 0.0]))
     round_out(np.array([1e308, -1e308, INF]), np.array([1e308, INF, -INF]), "float16")
+
+
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float32", "float8_e4m3fn"])
+def test_round_out_gives_the_same_bits_below_and_above_the_compiled_threshold(fmt, monkeypatch):
+    # round_out takes the kernel's NumPy tier below ROUND_OUT_COMPILED_MIN values and the
+    # compiled one from it: lowering the threshold sends the same inputs down the other path.
+    # Every float class: subnormals of the format, ties, overflow past its largest value,
+    # +-inf, NaN, signed zeros and float64 values one step either side of them.
+    from precisionlab.intervals import outward
+    from precisionlab.rounding import round_to
+
+    f = get_format(fmt)
+    rng = np.random.default_rng(7)
+    edges = np.array([0.0, -0.0, INF, -INF, np.nan, f.max_finite, -f.max_finite, f.min_normal,
+                      f.min_subnormal, f.min_subnormal / 2, 1.0 + f.eps / 2,
+                      -(1.0 + 3 * f.eps / 2), 2 * f.max_finite, MAX64])
+    edges = np.concatenate([edges, np.nextafter(edges, INF), np.nextafter(edges, -INF)])
+    spread = 10.0 ** rng.integers(-50, 50, 3000)
+    values = np.concatenate([edges, rng.standard_normal(3000) * spread])
+    lo, hi = values, values[::-1].copy()
+    monkeypatch.setattr(outward, "ROUND_OUT_COMPILED_MIN", values.size + 1)
+    small = round_out(lo, hi, fmt)
+    monkeypatch.setattr(outward, "ROUND_OUT_COMPILED_MIN", values.size)
+    large = round_out(lo, hi, fmt)
+    for a, b in zip(small, large, strict=True):
+        np.testing.assert_array_equal(a.view(np.uint64), b.view(np.uint64))
+    # and both are the directed roundings themselves
+    expected = np.asarray(round_to(lo, f, "down", compiled=True), dtype=np.float64)
+    np.testing.assert_array_equal(small[0].view(np.uint64), expected.view(np.uint64))

@@ -730,6 +730,48 @@ def test_native_adam_is_torch_optim_adam_bit_for_bit(dtype):
         opt_ours.zero_grad(set_to_none=False)
 
 
+@pytest.mark.parametrize("dtype, lr", [(torch.float32, 1.0), (torch.bfloat16, 1.5e-4),
+                                       (torch.float16, 0.1), (torch.float64, 3.0)])
+def test_native_adam_is_torch_optim_adam_with_its_cpu_defaults(dtype, lr):
+    # torch.optim.Adam(params, lr) as built (foreach=None: single-tensor on CPU), other rates
+    # and dtypes, gradients over many binades (float16 steps overflow: NaN bits compared too).
+    from precisionlab.rl.native_adam import TorchAdam
+
+    def bits(t):
+        return t.dtype, t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+    g = torch.Generator().manual_seed(11)
+    start = [torch.randn(shape, generator=g).to(dtype) for shape in [(4, 5), (), (7, 1)]]
+    start[2] = start[2].t()  # a non-contiguous weight
+    ours = [torch.nn.Parameter(t.clone()) for t in start]
+    theirs = [torch.nn.Parameter(t.clone()) for t in start]
+    opt_ours, opt_theirs = TorchAdam(ours, lr=lr), torch.optim.Adam(theirs, lr=lr)
+    for step in range(8):
+        for a, b in zip(ours, theirs, strict=True):
+            scale = 10.0 ** int(torch.randint(-30, 4, (), generator=g))
+            a.grad = (torch.randn(a.shape, generator=g) * scale).to(dtype)
+            b.grad = a.grad.clone()
+        opt_ours.step()
+        opt_theirs.step()
+        assert all(bits(a) == bits(b) for a, b in zip(ours, theirs, strict=True)), step
+
+
+def test_native_adam_rejects_what_torch_optim_adam_would_and_options_it_lacks():
+    from precisionlab.rl.native_adam import TorchAdam
+
+    w = torch.nn.Parameter(torch.ones(2))
+    for lr in (-1e-3, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="lr must be"):
+            TorchAdam([w], lr=lr)
+    with pytest.raises(TypeError, match="parameter groups"):
+        TorchAdam([{"params": [w]}], lr=1e-3)
+    with pytest.raises(ValueError, match="non-leaf"):
+        TorchAdam([w * 2], lr=1e-3)
+    for option in ("betas", "eps", "weight_decay", "amsgrad", "foreach", "maximize"):
+        with pytest.raises(TypeError, match=option):
+            TorchAdam([w], lr=1e-3, **{option: 0})
+
+
 def test_training_is_the_same_at_any_thread_count():
     cfg = rl.PolicyConfig(n_prompts=3, max_len=8)
     run = rl.RunConfig(steps=4, lr=1e-3)

@@ -183,6 +183,26 @@ def test_stored_chapter_seeds_every_other_run_replays_its_first_steps():
                                           err_msg=f"{name}: {k}")
 
 
+def test_stored_chapter_seeds_on_the_other_seeds_replay_their_first_steps():
+    # Seeds 1 and 2 hold every run too (the chapter repeats its contrasts and convergence rows
+    # on them, and its hidden cells re-run only seed 1's mismatched run): the first steps of
+    # each, mu_W of the recorded runs included, so that one stale run on them fails here.
+    script = _script("ch6_seeds")
+    meta, logs = rl.load_runs(_CH6)
+    steps = 2
+    for seed in meta["seeds"][1:]:
+        assert {k: v.config for k, v in logs[seed].items()} == script.runs()
+        replay = script.train_seed(seed, script.runs(), steps)
+        for name, log in replay.items():
+            for k, v in log.arrays().items():
+                np.testing.assert_array_equal(v, logs[seed][name].arrays()[k][:steps],
+                                              err_msg=f"{seed} {name}: {k}")
+        for name in script.RECORDED:
+            assert findings.weight_means(replay[name]) == \
+                meta["weight_means"][f"{seed}.{name}"][:steps]
+        assert {k for k, v in logs[seed].items() if v.gradients} == set(script.REPORTED)
+
+
 def test_runs_with_state_survive_save_and_load(tmp_path):
     # with_state: snapshots and the trained weights come back exactly, as a Policy
     cfg = rl.PolicyConfig(n_prompts=2, max_len=5, vocab=16, width=8, hidden=8, depth=1)

@@ -20,8 +20,8 @@ from ..gpu import as_float64
 from ..rounding import round_to
 
 __all__ = [
-    "INF", "MAX64", "TINY", "down", "down_from_finite", "empty_range", "exp_array", "exp_down",
-    "exp_up", "growth", "log_array", "log_down", "log_up", "mul_box", "round_out",
+    "INF", "MAX64", "ROUND_OUT_COMPILED_MIN", "TINY", "down", "down_from_finite", "empty_range",
+    "exp_array", "exp_down", "exp_up", "growth", "log_array", "log_down", "log_up", "mul_box", "round_out",
     "rounding_unit", "sum_down", "sum_up", "tree_sum", "up", "up_from_finite", "widen",
 ]
 
@@ -241,6 +241,12 @@ def rounding_unit(fmt: FloatFormat, mode: str) -> float:
     return fmt.eps / 2 if mode in ("nearest_even", "nearest_away") else fmt.eps
 
 
+# round_out rounds with the compiled kernel only from this many values: below it the kernel's
+# NumPy tier (the same bits) costs well under the cold compile of a directed-mode loop
+# (about 0.5 s; chapter 7's bounds hold at most a few tens of thousands of values)
+ROUND_OUT_COMPILED_MIN = 1 << 20
+
+
 def round_out(lo, hi, fmt) -> tuple[np.ndarray, np.ndarray]:
     """[RD_fmt(lo), RU_fmt(hi)]: the tightest sound bounds on a rounding of any value in [lo, hi] (RU past the top is +inf)."""
     f = get_format(fmt)
@@ -249,9 +255,12 @@ def round_out(lo, hi, fmt) -> tuple[np.ndarray, np.ndarray]:
     shape = np.shape(lo)  # (ascontiguousarray makes 0-d arrays 1-d: restore the shape)
     lo = np.ascontiguousarray(lo, dtype=np.float64)
     hi = np.ascontiguousarray(hi, dtype=np.float64)
+    compiled = lo.size >= ROUND_OUT_COMPILED_MIN
     with np.errstate(over="ignore", invalid="ignore"):
-        return (np.asarray(round_to(lo, f, "down"), dtype=np.float64).reshape(shape),
-                np.asarray(round_to(hi, f, "up"), dtype=np.float64).reshape(shape))
+        return (np.asarray(round_to(lo, f, "down", compiled=compiled),
+                           dtype=np.float64).reshape(shape),
+                np.asarray(round_to(hi, f, "up", compiled=compiled),
+                           dtype=np.float64).reshape(shape))
 
 
 def widen(lo, hi, fmt, ulps: float) -> tuple[np.ndarray, np.ndarray]:

@@ -7,10 +7,25 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.ticker import FixedLocator
 
 from .style import PALETTE, get_axes, legend_outside
 
 __all__ = ["plot_bound_bands", "plot_bound_widths", "plot_leaf_depths"]
+
+
+def _set_yticks(ax: Axes, ticks: list[float]) -> None:
+    """What ax.set_yticks(ticks) does on an unshared y axis (a FixedLocator, the view widened to
+    hold every tick), without making a Tick per location up front: ticks are made when the
+    figure is drawn. Making them took most of an allclose explorer frame's figure time."""
+    if ticks:
+        old = tuple(ax.yaxis.get_view_interval())
+        ax.yaxis.set_view_interval(min(ticks), max(ticks))
+        if tuple(ax.yaxis.get_view_interval()) != old:
+            ax.callbacks.process("ylim_changed", ax)
+    ax.stale = True
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+
 
 def plot_leaf_depths(depths: Mapping[str, np.ndarray], ax: Axes | None = None) -> Axes:
     """Roundings on each summand's path (its leaf depth) against its index, one step line per order."""
@@ -47,8 +62,12 @@ def plot_bound_widths(ks: Sequence[int], widths: Mapping[str, Sequence[float]],
 
 
 def plot_bound_bands(offset, structure, oblivious=None, ax: Axes | None = None,
-                     title: str = "Reference against the target's bounds") -> Axes:
-    """Per output element: reference - target (dots) inside or outside the bounds' ranges [lo - target, hi - target]."""
+                     title: str = "Reference against the target's bounds",
+                     legend: bool = True) -> Axes:
+    """Per output element: reference - target (dots) inside or outside the bounds' ranges [lo - target, hi - target].
+
+    legend=False leaves the legend to the caller (who places its own: one legend built, not two).
+    """
     ax = get_axes(ax)
     offset = np.ravel(np.asarray(offset, dtype=np.float64))
     x = np.arange(offset.size)
@@ -70,10 +89,11 @@ def plot_bound_bands(offset, structure, oblivious=None, ax: Axes | None = None,
     ax.set_yscale("symlog", linthresh=thresh)
     top = math.ceil(math.log10(span)) if span > 0 else 0
     decades = list(range(top, math.floor(math.log10(thresh)), -2))[:3]  # every other decade
-    ax.set_yticks(sorted([-(10.0**d) for d in decades] + [0.0] + [10.0**d for d in decades]))
+    _set_yticks(ax, sorted([-(10.0**d) for d in decades] + [0.0] + [10.0**d for d in decades]))
     ax.axhline(0, color="#888888", lw=0.8)
     ax.set_xlabel("output element")
     ax.set_ylabel("value - target")
     ax.set_title(title)
-    legend_outside(ax)
+    if legend:
+        legend_outside(ax)
     return ax

@@ -20,7 +20,17 @@ class TorchAdam:
 
     def __init__(self, params, lr: float):
         self.params = list(params)
-        self.lr = lr
+        # torch.optim.Adam's own checks; betas, eps, weight_decay, amsgrad and the rest are not
+        # parameters here (a TypeError names any that is passed): the defaults are the only ones
+        if isinstance(lr, torch.Tensor) or not 0.0 <= lr < float("inf"):
+            raise ValueError(f"lr must be a finite number >= 0; got lr={lr!r}")
+        for i, p in enumerate(self.params):
+            if not isinstance(p, torch.Tensor):
+                raise TypeError("TorchAdam takes tensors, not parameter groups; got "
+                                f"params[{i}] of type {type(p).__name__}")
+            if not p.is_leaf:
+                raise ValueError(f"TorchAdam can't optimize a non-leaf tensor (params[{i}])")
+        self.lr = float(lr)
         scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
         self.steps = [torch.tensor(0.0, dtype=scalar) for _ in self.params]
         self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format)

@@ -30,7 +30,8 @@ def _start(policy_cfg: PolicyConfig, run: RunConfig, seed: int):
             # True low-precision weights: Adam's updates are computed and added in bf16.
             for p in policy.parameters():
                 p.data = p.data.to(get_format(run.master).torch_dtype)
-        # foreach=False keeps bf16 weights updated in bf16.
+        # torch.optim.Adam's single-tensor step (foreach=False, the CPU default): bf16
+        # weights keep bf16 moments and are updated in bf16.
         opt = TorchAdam(policy.parameters(), lr=run.lr)
         return policy, opt, Engine(policy, run.engine, "native")
     master = E.Precision(run.master)

@@ -43,7 +43,7 @@ def allclose_view(k: int = 4096, fmt: str = "float32", bug: float = 0.0) -> tupl
     fig, ax = view_figure(3.3)
     plot_bound_bands(c.reference - c.target, (s.lo - c.target, s.hi - c.target),
                      (o.lo - c.target, o.hi - c.target), ax=ax,
-                     title=f"k = {k}, {fmt}, bug = {bug:g}")
+                     title=f"k = {k}, {fmt}, bug = {bug:g}", legend=False)
     # The locator and formatter set_xticks and set_xticklabels would install, without the 16
     # Tick objects those calls make up front (most of a frame's drawing time): ticks are made
     # when the figure is drawn, in labelsize 7.

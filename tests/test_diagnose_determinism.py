@@ -1,5 +1,8 @@
 """diagnose.determinism and ulp_distance against numpy's nextafter."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -83,3 +86,43 @@ def test_random_draws_are_the_same_in_every_run():
     assert torch.equal(torch.get_rng_state(), state)
     assert not torch.are_deterministic_algorithms_enabled()
     assert not torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+_FLAG_CASES = [(False, False), (True, True), (True, False)]  # off, warn only, error
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_deterministic_run_sets_torchs_flags_and_restores_them(compiled):
+    # In a fresh interpreter: inside the run, the deterministic flags are on with warn_only,
+    # as torch.use_deterministic_algorithms(True, warn_only=True) sets them; after it, each
+    # earlier state (off, warn only, error) is back. Without a compiler loaded, torch._dynamo
+    # is never imported; with one (torch.compile imports torch._dynamo), the compiler's own
+    # flag torch._inductor.config.deterministic is set inside the run too.
+    code = f"""
+import sys, torch
+from precisionlab import diagnose
+if {compiled}:
+    import torch._dynamo
+seen = []
+def fn(x):
+    seen.append((torch.are_deterministic_algorithms_enabled(),
+                 torch.is_deterministic_algorithms_warn_only_enabled()))
+    if {compiled}:
+        import torch._inductor.config as c
+        seen.append(c.deterministic)
+    return x * 2
+for mode, warn in {_FLAG_CASES!r}:
+    # the same flags as torch.use_deterministic_algorithms(mode, warn_only=warn), which
+    # would import the compiler itself
+    torch.set_deterministic_debug_mode("default" if not mode else "warn" if warn else "error")
+    seen.clear()
+    diagnose.determinism(fn, torch.ones(3), threads=(1,), deterministic=True)
+    assert seen[-2:] == [(True, True), True] if {compiled} else seen[-1] == (True, True), seen
+    after = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())
+    assert after == (mode, warn), (after, mode, warn)
+print("torch._dynamo" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(compiled)

@@ -9,6 +9,7 @@ format's ordered list of values: the bit patterns read as sign-magnitude integer
 from __future__ import annotations
 
 import contextlib
+import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -215,6 +216,22 @@ class DeterminismReport(Report):
         return ax
 
 
+def _set_deterministic(mode: bool, warn_only: bool) -> None:
+    """torch.use_deterministic_algorithms(mode, warn_only=warn_only), lazily.
+
+    That call also sets the flag of torch's compiler (torch._inductor.config.deterministic),
+    importing the compiler to do so (about a second, cold). Only a compiled program reads that
+    flag, and nothing is compiled before torch.compile has imported torch._dynamo: until then
+    torch.set_deterministic_debug_mode sets the same eager flags ("warn": on, warnings only;
+    "error": on; "default": off) without the import.
+    """
+    if "torch._dynamo" in sys.modules:
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    else:
+        torch.set_deterministic_debug_mode(
+            "default" if not mode else "warn" if warn_only else "error")
+
+
 @contextlib.contextmanager
 def _setting(threads: int | None, deterministic: bool):
     old_t = torch.get_num_threads()
@@ -225,12 +242,12 @@ def _setting(threads: int | None, deterministic: bool):
         if threads is not None:
             torch.set_num_threads(threads)
         if deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
+            _set_deterministic(True, warn_only=True)
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
         yield
     finally:
         torch.set_num_threads(old_t)
-        torch.use_deterministic_algorithms(old_d, warn_only=old_w)
+        _set_deterministic(old_d, warn_only=old_w)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = old_c
 
 
@@ -315,8 +332,9 @@ def determinism(fn, inputs, threads: Sequence[int] = (1, 2, 4), deterministic: b
 
     Examples
     --------
-    The first call in a process takes a second or more: torch's
-    use_deterministic_algorithms imports torch's compiler the first time it runs.
+    The deterministic run sets torch's eager flags without importing torch's compiler
+    (torch.use_deterministic_algorithms would, about a second cold) unless the process has
+    already imported it for torch.compile, when that call also sets the compiler's flag.
 
     >>> import torch
     >>> from torch import nn

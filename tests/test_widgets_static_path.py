@@ -137,6 +137,24 @@ def test_figure_copies_are_fresh_blank_figures():
     assert outside.figure is not again
 
 
+@pytest.mark.parametrize("layout", [dict(nrows=2, sharex=True), dict(nrows=2, ncols=3),
+                                    dict(ncols=2, width=9.0)])
+def test_figure_copies_of_a_grid_are_shaped_and_shared_as_fresh_subplots(layout):
+    """A copied blank with several Axes: Figure.subplots' shape, shared x axes still shared."""
+    fresh, fresh_axes = view_figure(3.0, **layout)
+    with figure_copies():
+        view_figure(3.0, **layout)
+        fig, axes = view_figure(3.0, **layout)
+    assert axes.shape == fresh_axes.shape and list(axes.flat) == fig.axes
+    assert fig.get_size_inches().tolist() == fresh.get_size_inches().tolist()
+    assert figure_spec(fig) == figure_spec(fresh)
+    first, last = axes.flat[0], axes.flat[-1]
+    shared = fresh_axes.flat[0].get_shared_x_axes().joined(fresh_axes.flat[0], fresh_axes.flat[-1])
+    assert first.get_shared_x_axes().joined(first, last) == shared
+    last.set_xlim(2.0, 5.0)
+    assert (first.get_xlim() == (2.0, 5.0)) == shared
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_frames_leave_the_garbage_collector_as_they_found_it(enabled):
     it = widgets.interactive(widgets.bit_view, {"value": [0.1, 0.3, 3.0]}, fmt="float16")

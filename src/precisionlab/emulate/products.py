@@ -9,7 +9,27 @@ from .kernels import gemm
 from .precision import Precision, as_precision
 from .summation import fixed_sum
 
-__all__ = ["linear", "matmul"]
+__all__ = ["GEMM_COMPILED_MIN", "linear", "matmul", "sequential_gemm"]
+
+# From this many products (m k n) on, a product runs the compiled loop (kernels.gemm); below
+# it NumPy's, the same bits without the loop's cold compile (about half a second per dtype).
+GEMM_COMPILED_MIN = 1 << 15
+
+
+def sequential_gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """kernels.gemm(a, b, out)'s result with NumPy: (m, k) @ (k, n) in a's dtype, k in order.
+
+    Each product a[i, p] b[p, j] is rounded once to the dtype, and np.add.accumulate adds
+    them left to right, one rounding per sum, as the loop does from 0. The loop's first sum,
+    0 + a[i, 0] b[0, j], turns a product of -0 into +0; a sum that starts at the first product
+    differs from it only there, by the sign of a zero, which the final + 0.0 gives as the
+    loop does (x + 0.0 is x for every other x). Memory: m k n values.
+    """
+    if a.shape[1] == 0:
+        return np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype)
+    with np.errstate(all="ignore"):  # overflow to inf and inf - inf = NaN, as the loop
+        prods = a[:, :, None] * b[None, :, :]
+        return np.add.accumulate(prods, axis=1)[:, -1, :] + a.dtype.type(0.0)
 
 
 def _gemm(a: torch.Tensor, b: torch.Tensor, prec: Precision) -> torch.Tensor:
@@ -17,6 +37,8 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, prec: Precision) -> torch.Tensor:
     dt = np.float64 if prec.accumulate == "float64" else np.float32
     an = np.ascontiguousarray(a.detach().cpu().numpy(), dtype=dt)
     bn = np.ascontiguousarray(b.detach().cpu().numpy(), dtype=dt)
+    if an.shape[0] * an.shape[1] * bn.shape[1] < GEMM_COMPILED_MIN:
+        return torch.from_numpy(np.ascontiguousarray(sequential_gemm(an, bn)))
     out = np.empty((an.shape[0], bn.shape[1]), dtype=dt)
     if an.shape[1] == 0:
         out[:] = 0

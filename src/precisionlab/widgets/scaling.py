@@ -15,7 +15,7 @@ from ..scaling import (
     trace_dynamic_scaling,
 )
 from .frames import interactive
-from .view import TextPanel
+from .view import TextPanel, view_figure
 
 __all__ = ["SCALING_GRID", "scaling_explorer", "scaling_view"]
 
@@ -46,8 +46,7 @@ def scaling_view(growth_interval: int = 50, spike_rate: float = 0.01,
         f"at the final scale: gradients from {smallest_surviving_gradient(final, f):.2g} "
         f"to {largest_safe_gradient(final, f):.2g} survive",
     ]
-    fig = Figure(figsize=(7.5, 6.6))
-    ax_s, ax_g = fig.subplots(2, 1, sharex=True)
+    fig, (ax_s, ax_g) = view_figure(6.6, width=7.5, nrows=2, sharex=True)
     plot_scale_history({"dynamic scale": hist}, ax=ax_s)
     k = np.arange(g.size)
     ax_g.plot(k, g * hist.scale, lw=1, color=PALETTE["blue"], label="largest |g| · scale")

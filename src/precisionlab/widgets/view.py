@@ -7,6 +7,7 @@ import html
 import pickle
 from contextvars import ContextVar
 
+import numpy as np
 from matplotlib import rcParams
 from matplotlib.figure import Figure
 
@@ -40,9 +41,19 @@ def panel_html(panel) -> str:
     return f"<pre>{html.escape(str(panel))}</pre>"
 
 
-def _blank_figure(height: float) -> tuple[Figure, object]:
-    fig = Figure(figsize=(FIGURE_WIDTH_IN, height))
-    return fig, fig.subplots()
+def _blank_figure(layout: tuple) -> tuple[Figure, object]:
+    width, height, nrows, ncols, sharex = layout
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots(nrows, ncols, sharex=sharex)
+
+
+def _as_subplots(axes: list, nrows: int, ncols: int):
+    """A copy's Axes as Figure.subplots returns them: one Axes, else an array squeezed of 1s."""
+    if nrows * ncols == 1:
+        return axes[0]
+    grid = np.empty(len(axes), dtype=object)
+    grid[:] = axes
+    return grid.reshape(nrows, ncols).squeeze()
 
 
 def _rc_snapshot() -> dict:
@@ -50,7 +61,7 @@ def _rc_snapshot() -> dict:
     return {k: rcParams[k] for k in rcParams.keys() if k != "backend"}
 
 
-# While figure_copies() is active: {height: (rcParams snapshot, pickled blank figure)}. Set
+# While figure_copies() is active: {layout: (rcParams snapshot, pickled blank figure)}. Set
 # only for the duration of one with-block (Interactive.frames), in this context alone.
 _BLANKS: ContextVar[dict | None] = ContextVar("precisionlab_blank_figures", default=None)
 
@@ -59,10 +70,10 @@ _BLANKS: ContextVar[dict | None] = ContextVar("precisionlab_blank_figures", defa
 def figure_copies():
     """Within the block, view_figure returns copies of a blank figure made once per height.
 
-    Unpickling a blank Figure with its Axes takes about a third of the time of building one
+    Unpickling a blank Figure with its Axes takes a third to a half of the time of building one
     (an Axes makes its spines, axes, ticks and grid lines from rcParams), and a view's frame
-    is drawn on it as on a new one: a copy is used only while rcParams equal those the blank
-    was made under. Used by Interactive.frames, which calls one view many times.
+    is drawn on it as on a new one (shared x axes stay shared): a copy is used only while
+    rcParams equal those the blank was made under; one blank per size and Axes layout. Used by Interactive.frames, which calls one view many times.
     """
     token = _BLANKS.set({})
     try:
@@ -71,18 +82,23 @@ def figure_copies():
         _BLANKS.reset(token)
 
 
-def view_figure(height: float) -> tuple[Figure, object]:
-    """A FIGURE_WIDTH_IN x height inch figure with one Axes (no pyplot, no global state)."""
+def view_figure(height: float, *, width: float = FIGURE_WIDTH_IN, nrows: int = 1,
+                ncols: int = 1, sharex: bool = False) -> tuple[Figure, object]:
+    """A width x height inch figure and its Axes as Figure.subplots(nrows, ncols, sharex) gives them.
+
+    One Axes by default; no pyplot, no global state.
+    """
+    layout = (float(width), float(height), nrows, ncols, sharex)
     blanks = _BLANKS.get()
     if blanks is None:
-        return _blank_figure(height)
-    rc, blank = _rc_snapshot(), blanks.get(float(height))
+        return _blank_figure(layout)
+    rc, blank = _rc_snapshot(), blanks.get(layout)
     if blank is None or blank[0] != rc:
-        fig, ax = _blank_figure(height)
-        blanks[float(height)] = (rc, pickle.dumps(fig))
-        return fig, ax
+        fig, axes = _blank_figure(layout)
+        blanks[layout] = (rc, pickle.dumps(fig))
+        return fig, axes
     fig = pickle.loads(blank[1])
-    return fig, fig.axes[0]
+    return fig, _as_subplots(fig.axes, nrows, ncols)
 
 
 def figure_summary(fig: Figure) -> str:

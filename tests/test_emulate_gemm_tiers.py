@@ -1,0 +1,114 @@
+"""emulate's matrix product has two tiers, NumPy's below GEMM_COMPILED_MIN products and the
+compiled loop (kernels.gemm) from it: both give the bits of one sequential sum from 0.
+
+The oracle is the definition itself, written out in scalar NumPy arithmetic: acc = 0, then
+acc = acc + a[i, p] * b[p, j] for p in order, each operation rounded to the dtype. The inputs
+are drawn where the tiers could part: signed zeros (a product of -0 first), subnormals,
+products that overflow, +-inf and NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from precisionlab import emulate as em
+from precisionlab.emulate import kernels, products
+
+EDGES32 = [0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 3.4e38, -3.4e38, float("inf"),
+           float("-inf"), float("nan"), 1.0, -1.0, 2.0**-75]
+
+
+def _loop_oracle(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The definition, one scalar operation at a time in a's dtype."""
+    t = a.dtype.type
+    out = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+    with np.errstate(all="ignore"):
+        for i in range(a.shape[0]):
+            for j in range(b.shape[1]):
+                acc = t(0.0)
+                for p in range(a.shape[1]):
+                    acc = t(acc + t(a[i, p] * b[p, j]))
+                out[i, j] = acc
+    return out
+
+
+def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
+    """Equal bit for bit, NaN with NaN (its payload is not part of the contract)."""
+    nan = np.isnan(x)
+    if not np.array_equal(nan, np.isnan(y)):
+        return False
+    word = np.uint64 if x.dtype == np.float64 else np.uint32
+    return np.array_equal(x[~nan].view(word), y[~nan].view(word))
+
+
+def _operands(dtype):
+    width = 64 if dtype == np.float64 else 32
+    values = st.one_of(st.sampled_from(EDGES32).map(dtype),
+                       st.floats(width=width, allow_nan=True, allow_infinity=True,
+                                 allow_subnormal=True))
+    dims = st.tuples(st.integers(0, 5), st.integers(0, 6), st.integers(0, 5))
+    return dims.flatmap(lambda d: st.tuples(
+        hnp.arrays(dtype, (d[0], d[1]), elements=values),
+        hnp.arrays(dtype, (d[1], d[2]), elements=values)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_tier_and_compiled_loop_both_give_the_sequential_sum(dtype):
+    @settings(max_examples=300, deadline=None)
+    @given(_operands(dtype))
+    def check(ab):
+        a, b = ab
+        want = _loop_oracle(a, b)
+        got = products.sequential_gemm(a, b)
+        assert got.dtype == dtype and got.shape == want.shape
+        assert _same_bits(got, want)
+        compiled = np.empty(want.shape, dtype=dtype)
+        if a.shape[1]:
+            kernels.gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), compiled)
+        else:
+            compiled[:] = 0
+        assert _same_bits(compiled, want)
+
+    check()
+
+
+def test_a_first_product_of_minus_zero_sums_to_plus_zero_as_the_loop():
+    a = np.array([[-0.0, -0.0]], dtype=np.float32)
+    b = np.array([[1.0], [1.0]], dtype=np.float32)
+    got = products.sequential_gemm(a, b)
+    assert np.signbit(got).tolist() == [[False]]  # 0 + (-0) = +0, then +0 + (-0) = +0
+
+
+@pytest.mark.parametrize("acc", ["float32", "float64"])
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16", "float32"])
+def test_matmul_and_linear_give_the_same_bits_on_both_sides_of_the_threshold(fmt, acc,
+                                                                            monkeypatch):
+    # Forward and backward (the gradients are products too), with zeros of both signs,
+    # subnormals of fmt and an overflowing row among normal values.
+    prec = em.Precision(fmt, acc)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 20, generator=gen)
+    w = torch.randn(5, 20, generator=gen)
+    x[0, :4] = torch.tensor([-0.0, 0.0, 1e-7, -6e-8])
+    x[1] = 6e4
+    w[2, :3] = torch.tensor([-0.0, float("inf"), float("nan")])
+    bias = torch.randn(5, generator=gen)
+
+    def run():
+        xi, wi, bi = (t.clone().requires_grad_(True) for t in (x, w, bias))
+        y = em.linear(xi, wi, bi, prec)
+        z = em.matmul(xi, wi.T, prec)
+        (y.nan_to_num().sum() + z.nan_to_num().square().sum()).backward()
+        return [t.detach().numpy() for t in (y, z, xi.grad, wi.grad, bi.grad)]
+
+    monkeypatch.setattr(products, "GEMM_COMPILED_MIN", 10**9)  # NumPy's tier throughout
+    small = run()
+    monkeypatch.setattr(products, "GEMM_COMPILED_MIN", 0)  # the compiled loop throughout
+    large = run()
+    for s, big in zip(small, large, strict=True):
+        assert _same_bits(s, big)

@@ -130,13 +130,19 @@ def close_inputs(seed, rows=37, n=11, big=False):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("big", [False, True])
-def test_close_products_fused_is_the_numpy_path(fmt, big):
+def test_close_products_fused_is_the_numpy_path(fmt, big, monkeypatch):
+    # close_products takes the NumPy steps below CLOSE_COMPILED_MIN outputs and the compiled
+    # pass from it: with the threshold at 0 the compiled pass runs on these small inputs.
     (pm, pr, s), bias = close_inputs(4, big=big)
     g64 = B.gamma(52, 2.0**-53)
     for b in (None, bias, B.mk(bias.lo[None], bias.hi[None])):
+        small = P.close_products(pm, pr, s, 48, b, fmt, g64)
+        monkeypatch.setattr(P, "CLOSE_COMPILED_MIN", 0)
         got = P.close_products(pm, pr, s, 48, b, fmt, g64)
+        monkeypatch.undo()
         want = P._close_numpy(pm.numpy(), pr.numpy(), s.numpy(), 48, b, fmt, g64)
         assert bitwise_equal(got[0], want[0]) and bitwise_equal(got[1], want[1])
+        assert bitwise_equal(small[0], want[0]) and bitwise_equal(small[1], want[1])
     # a full-shape bias takes the NumPy path and gives the same bounds as a row of it
     full = B.mk(np.broadcast_to(bias.lo, pm.shape).copy(), np.broadcast_to(bias.hi, pm.shape).copy())
     a = P.close_products(pm, pr, s, 48, full, fmt, g64)

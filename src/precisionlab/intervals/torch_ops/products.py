@@ -32,8 +32,12 @@ from .arith import (
     up,
 )
 
-__all__ = ["TF32_OPERANDS", "Leaf", "box_products", "close_products", "cuda_operand_rel",
-           "declared_mm", "leaf_products", "midrad", "mm", "upper_product"]
+__all__ = ["CLOSE_COMPILED_MIN", "TF32_OPERANDS", "Leaf", "box_products", "close_products",
+           "cuda_operand_rel", "declared_mm", "leaf_products", "midrad", "mm", "upper_product"]
+
+# From this many outputs on, close_products takes its compiled pass (fused.close_tail); below
+# it the NumPy steps, the same bits without the pass's cold compile (about a second).
+CLOSE_COMPILED_MIN = 1 << 16
 
 # Both operands of a product rounded to TF32 (10 fraction bits) in any direction: relative
 # error of the product at most (1 + 2^-10)^2 - 1 (NVIDIA's conversion rounds to nearest or
@@ -219,8 +223,9 @@ def close_products(pm, pr, s, terms: int, bias: Interval | None, fmt: str, g64: 
     overflow. A bias entry that is exactly +-inf gives that infinity; a sum that may overflow
     the accumulator the whole line."""
     pm, pr, s = pm.numpy(), pr.numpy(), s.numpy()  # the same float64 steps, in NumPy
-    if bias is None or (bias.lo.ndim <= pm.ndim and bias.lo.shape[-1:] == pm.shape[-1:] and
-                        bias.lo.size == pm.shape[-1] and bias.hi.shape == bias.lo.shape):
+    if pm.size >= CLOSE_COMPILED_MIN and (
+            bias is None or (bias.lo.ndim <= pm.ndim and bias.lo.shape[-1:] == pm.shape[-1:] and
+                             bias.lo.size == pm.shape[-1] and bias.hi.shape == bias.lo.shape)):
         return _close_fused(pm, pr, s, terms, bias, fmt, g64)
     return _close_numpy(pm, pr, s, terms, bias, fmt, g64)
 

@@ -77,6 +77,25 @@ def test_numpy_tier_and_compiled_loop_both_give_the_sequential_sum(dtype):
     check()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1, 32767, 1), (2, 8000, 2), (3, 1000, 1)])
+def test_long_sums_stay_sequential_where_numpy_could_vectorise(dtype, shape):
+    # Long k, where a pairwise or unrolled sum would part from the loop: the NumPy tier (all
+    # these are below the threshold) matches the compiled loop, and the data are chosen so that
+    # a pairwise sum (np.sum) gives other bits.
+    m, k, n = shape
+    rng = np.random.default_rng(k)
+    a = (rng.standard_normal((m, k)) * 10.0 ** rng.integers(-4, 5, (m, k))).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    assert m * k * n < products.GEMM_COMPILED_MIN
+    compiled = np.empty((m, n), dtype=dtype)
+    kernels.gemm(a, b, compiled)
+    got = products.sequential_gemm(a, b)
+    assert _same_bits(got, compiled)
+    prods = np.ascontiguousarray(np.moveaxis(a[:, :, None] * b[None, :, :], 1, -1))
+    assert not _same_bits(got, np.sum(prods, axis=-1))  # over a contiguous axis: pairwise
+
+
 def test_a_first_product_of_minus_zero_sums_to_plus_zero_as_the_loop():
     a = np.array([[-0.0, -0.0]], dtype=np.float32)
     b = np.array([[1.0], [1.0]], dtype=np.float32)

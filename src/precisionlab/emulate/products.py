@@ -37,13 +37,10 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, prec: Precision) -> torch.Tensor:
     dt = np.float64 if prec.accumulate == "float64" else np.float32
     an = np.ascontiguousarray(a.detach().cpu().numpy(), dtype=dt)
     bn = np.ascontiguousarray(b.detach().cpu().numpy(), dtype=dt)
-    if an.shape[0] * an.shape[1] * bn.shape[1] < GEMM_COMPILED_MIN:
-        return torch.from_numpy(np.ascontiguousarray(sequential_gemm(an, bn)))
+    if an.shape[0] * an.shape[1] * bn.shape[1] < GEMM_COMPILED_MIN:  # k = 0 among them
+        return torch.from_numpy(sequential_gemm(an, bn))
     out = np.empty((an.shape[0], bn.shape[1]), dtype=dt)
-    if an.shape[1] == 0:
-        out[:] = 0
-    else:
-        gemm(an, bn, out)
+    gemm(an, bn, out)  # sets each output to 0 before its sum
     return torch.from_numpy(out)
 
 

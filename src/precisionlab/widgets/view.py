@@ -68,12 +68,13 @@ _BLANKS: ContextVar[dict | None] = ContextVar("precisionlab_blank_figures", defa
 
 @contextlib.contextmanager
 def figure_copies():
-    """Within the block, view_figure returns copies of a blank figure made once per height.
+    """Within the block, view_figure returns copies of a blank figure made once per layout.
 
     Unpickling a blank Figure with its Axes takes a third to a half of the time of building one
     (an Axes makes its spines, axes, ticks and grid lines from rcParams), and a view's frame
     is drawn on it as on a new one (shared x axes stay shared): a copy is used only while
-    rcParams equal those the blank was made under; one blank per size and Axes layout. Used by Interactive.frames, which calls one view many times.
+    rcParams equal those the blank was made under; one blank per size and Axes grid. Used
+    by Interactive.frames, which calls one view many times.
     """
     token = _BLANKS.set({})
     try:

@@ -9,6 +9,8 @@ round_to returns float32, twice or four times the bytes of a one-way cast into a
 8-bit dtype, and a fresh 40 MB result costs page faults on first touch; so both are shown:
 "fresh" allocates a result each call, "out=" writes into a reused array. The goals are
 judged on "out=", the like-for-like comparison of the rounding work itself.
+float16 nearest-even runs the CPU's own conversion (F16C) inside the kernel's loop where the
+CPU has it (rounding_kernel.hardware_half, printed below), the integer loop elsewhere.
 Goals (issues #2, #39): native-capable format+mode >= 0.5x the library cast; emulated modes
 (tf32, directed, stochastic) >= 1/3 of the native nearest-even cast of the same format.
 --threads sets torch's (and so the kernel's) thread count; the default keeps torch's.
@@ -28,6 +30,7 @@ import torch
 
 from precisionlab.formats import FORMATS
 from precisionlab.rounding import round_to
+from precisionlab.rounding_kernel import hardware_half
 
 STAT = {"min": np.min, "median": np.median}
 
@@ -61,7 +64,8 @@ def main() -> None:
     t = torch.from_numpy(x)
     print(f"n = {n:,} float32 values; cores = {os.cpu_count()}, torch threads = "
           f"{torch.get_num_threads()}, numba threads = {numba.get_num_threads()}; "
-          f"{args.stat} of {reps} runs; load average {os.getloadavg()[0]:.1f}")
+          f"{args.stat} of {reps} runs; load average {os.getloadavg()[0]:.1f}; float16 "
+          f"in hardware (F16C): {hardware_half()}")
 
     ml = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
           "float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2}

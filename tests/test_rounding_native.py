@@ -9,7 +9,10 @@ bits for every pattern, NaNs included (the quiet NaN with x's sign):
   whose emin is above float32's, the fused `_nearest_f32_loop` (integer add-then-clear for
   normals, float32 addition onto the subnormal grid below), else the uniform recipe;
 * ``float64 recipe``: the generic `_round_word` (variable shift, tiny case) on the same
-  values widened to float64 words, a different container and a different route.
+  values widened to float64 words, a different container and a different route;
+* ``integer float32 loop``: for float16 on a CPU where the float32 kernel is the hardware
+  round trip (`rounding_kernel.hardware_half`: F16C), the integer loop the kernel is
+  otherwise, built directly; under both overflow rules (inf, and saturating at 65504).
 
 torch's casts are checked under every ATEN_CPU_CAPABILITY this CPU runs (a subprocess each),
 since each dispatch level has its own vectorised conversion code. The suite checks a sample
@@ -29,6 +32,7 @@ import numpy as np
 import pytest
 import torch
 
+from precisionlab import rounding_kernel as rk
 from precisionlab.formats import get_format
 from precisionlab.rounding import round_to
 
@@ -74,12 +78,26 @@ def native_saturates(name: str) -> bool | None:
     return None
 
 
-def compare(words: np.ndarray, name: str) -> list[str]:
-    """The three computations on float32 patterns `words`; a description of each mismatch."""
+def integer_nearest_loop(x: np.ndarray, name: str, saturate: bool) -> np.ndarray:
+    """fl(x) to nearest even by the integer float32 loop (`_nearest_f32_loop`), as uint32."""
+    out = np.empty(x.size, dtype=np.uint32)
+    kernel = rk.numba_kernel(rk.NEAREST_EVEN, False, False, rk.F32, half=False)
+    kernel(x, x.view(np.int32), out.view(np.int32), *rk.nearest_params(get_format(name), saturate))
+    return out
+
+
+def compare(words: np.ndarray, name: str, saturate: bool | None = None) -> list[str]:
+    """The computations on float32 patterns `words`; a description of each mismatch.
+
+    saturate: the overflow rule (None: torch's own for its formats, else inf/NaN; float4 and
+    float6 always saturate); the native cast is compared only under torch's own rule.
+    """
     fmt = get_format(name)
     x = words.view(np.float32)
     sat = native_saturates(name) if name in NATIVE else None
-    saturate = bool(sat) or not fmt.has_nan  # float4/float6 always saturate
+    if saturate is None:
+        saturate = bool(sat)
+    saturate = saturate or not fmt.has_nan
     assert x.size >= 4096  # the numba tier, where the fused loop runs
     with np.errstate(invalid="ignore", over="ignore"):
         kernel = round_to(x, fmt, backend="emulated", saturate=saturate).view(np.uint32)
@@ -87,7 +105,9 @@ def compare(words: np.ndarray, name: str) -> list[str]:
         wide = round_to(x.astype(np.float64), fmt, backend="emulated", saturate=saturate)
         wide = wide.astype(np.float32).view(np.uint32)  # exact: fmt's values are float32s
     results = {"auto": auto, "float64 recipe": wide}
-    if sat is not None and name in NATIVE:
+    if rk.is_binary16(fmt) and rk.hardware_half():
+        results["integer float32 loop"] = integer_nearest_loop(x, name, saturate)
+    if sat is not None and name in NATIVE and bool(sat) == saturate:
         results["native"] = round_to(x, fmt, backend="native", saturate=saturate).view(np.uint32)
     bad = []
     for label, r in results.items():
@@ -103,6 +123,51 @@ def compare(words: np.ndarray, name: str) -> list[str]:
 @pytest.mark.parametrize("name", NATIVE + KERNEL_ONLY)
 def test_fast_nearest_even_paths_agree_bit_for_bit_on_boundary_patterns(name):
     assert compare(sample_patterns(), name) == []
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+@pytest.mark.parametrize("saturate", [False, True])
+def test_float16_overflow_rules_agree_bit_for_bit_on_boundary_patterns(saturate):
+    """float16 both ways: overflow to inf (IEEE, torch's cast) and saturating at 65504."""
+    assert compare(sample_patterns(), "float16", saturate) == []
+
+
+def test_float16_takes_the_hardware_round_trip_where_the_cpu_has_f16c(monkeypatch):
+    """On an x86-64 host with F16C (and numba compiling for it) float16 nearest-even builds
+    the hardware loop; the bits are the suites' above. Elsewhere the integer loop."""
+    import platform
+
+    from llvmlite import binding
+    from numba.core import config
+
+    f16c = bool(binding.get_host_cpu_features().get("f16c", False))
+    host = not (config.CPU_NAME or config.CPU_FEATURES)
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    assert rk.hardware_half() == (f16c and host and x86)
+    built = []
+    real = rk.numba_kernel
+    monkeypatch.setattr(rk, "numba_kernel", lambda *a: built.append(a) or real(*a))
+    round_to(np.linspace(-7e4, 7e4, 5000, dtype=np.float32), "float16")
+    round_to(np.linspace(-7e4, 7e4, 5000, dtype=np.float32), "bfloat16")
+    assert [a[-1] for a in built] == [rk.hardware_half(), False]
+
+
+_GENERIC_CPU_PROGRAM = """
+import hashlib, sys, numpy as np
+sys.path.insert(0, {tests!r})
+from test_rounding_native import sample_patterns
+from precisionlab.rounding import round_to
+x = sample_patterns(1 << 16).view(np.float32)
+with np.errstate(all="ignore"):
+    r = [round_to(x, "float16", saturate=s) for s in (False, True)]
+print(hashlib.sha256(b"".join(a.tobytes() for a in r)).hexdigest())
+"""
+
+
+def test_float16_rounds_to_the_same_bits_on_a_generic_numba_cpu(same_bits):
+    """NUMBA_CPU_NAME=generic (no F16C: the integer loop) and every dispatch level: one digest."""
+    program = _GENERIC_CPU_PROGRAM.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    same_bits(program, library_kernels=True)
 
 
 @pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
@@ -206,11 +271,14 @@ def main() -> int:
     bad: list[str] = []
     for name in args.formats.split(","):
         t0 = time.perf_counter()
-        if args.exhaustive:
-            for lo in range(0, 1 << 32, CHUNK):
-                bad += compare(np.arange(lo, lo + CHUNK, dtype=np.uint64).astype(np.uint32), name)
-        else:
-            bad += compare(sample_patterns(), name)
+        rules = [None, True] if name == "float16" else [None]  # float16: inf and saturating
+        for saturate in rules:
+            if args.exhaustive:
+                for lo in range(0, 1 << 32, CHUNK):
+                    words = np.arange(lo, lo + CHUNK, dtype=np.uint64).astype(np.uint32)
+                    bad += compare(words, name, saturate)
+            else:
+                bad += compare(sample_patterns(), name, saturate)
         print(f"{name}: {'all 2^32' if args.exhaustive else 'sampled'} patterns, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
     print("\n".join(bad) if bad else f"ok ({got})")

@@ -10,8 +10,9 @@ Two back ends give bit-identical answers:
   is why this recipe is exact. It covers everything the libraries lack (tf32, nearest-away,
   directed and stochastic modes, float64 inputs without double rounding, non-saturating
   e4m3fn, saturating IEEE formats). Its three tiers (`rounding_kernel`: Python ints, NumPy
-  below 4096 values, a numba loop from 4096 on, parallel from 2^20 on several threads) differ
-  only in speed and are picked by the input's length alone, so short arrays never wait for a
+  below 4096 values, a numba loop from 4096 on, parallel from 2^20 on several threads; the
+  float16 nearest-even loop converts in hardware where the CPU has F16C) differ only in
+  speed and are picked by the input's length alone, so short arrays never wait for a
   compiler and no call depends on earlier ones. Each element is rounded on its own, and
   stochastic mode draws element i from SplitMix64(seed + i): results do not depend on the
   tier, the thread count or the CPU.

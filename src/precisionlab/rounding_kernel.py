@@ -10,8 +10,10 @@ random bits from SplitMix64(seed + i). The tiers: `python_words` runs the recipe
 it as a fused numba loop, serial or parallel, from the same source (`_twin`), one build per mode
 so that LLVM compiles only that mode's arithmetic. Float32 words rounded to nearest even into a
 format whose emin is above float32's take a shorter route to the same bits
-(`_nearest_word_f32`: float32 addition rounds onto the subnormal grid), checked against the
-recipe on all 2^32 float32 patterns (``python tests/test_rounding_native.py --exhaustive``).
+(`_nearest_word_f32`: float32 addition rounds onto the subnormal grid), and into float16 on
+an x86-64 CPU with F16C the CPU's own conversion there and back (`_nearest_word_f16_hw`,
+where `hardware_half`); both are checked against the recipe on all 2^32 float32 patterns
+(``python tests/test_rounding_native.py --exhaustive``).
 `word_params` gives the recipe's scalar arguments for a format in a container (`F32`,
 `F64`); the mode codes are the modes' positions in `rounding.MODES`. Which tier runs depends on the input's length
 alone (`emulate_into`, `emulate_mx_into`: what `rounding.round_to` calls).
@@ -44,7 +46,9 @@ __all__ = [
     "Container",
     "emulate_into",
     "emulate_mx_into",
+    "hardware_half",
     "inline_word",
+    "is_binary16",
     "nearest_params",
     "numba_kernel",
     "numpy_words",
@@ -193,6 +197,24 @@ def _nearest_word_f32(v, x, shift_base, min_normal_bits, magic, max_bits, overfl
                    sign_value, 0)
 
 
+def _nearest_word_f16_hw(v, x, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
+                         sign_value):
+    """_round_word's float16 nearest-even bits for a float32 word v, by the CPU's own casts.
+
+    |x| goes to IEEE binary16 and back (`_via_half`: on x86 the F16C instructions
+    vcvtps2ph/vcvtph2ps, vectorised 16 lanes wide): nearest even, subnormals kept, overflow
+    to inf, which is fl(|x|) exactly. Only the special values and the sign are the
+    package's own (`_finish`): overflow becomes overflow_bits (inf, or max_finite when
+    saturating), NaN the quiet NaN. Built only where `hardware_half` says so; held to
+    _round_word on every float32 bit pattern (tests/test_rounding_native.py).
+    """
+    neg = v < 0
+    mag = v & ~sign_value
+    r = _float_bits(_via_half(abs(x)))  # noqa: F821 - bound by _inline_helpers
+    return _finish(r, mag, neg, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
+                   sign_value, 0)
+
+
 def _deterministic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
                         overflow_bits, inf_bits, nan_bits, exp_mask, sign_value):
     """dst = bits of fl(src) in mode MODE (0-4); int32/int64 views of floats.
@@ -233,6 +255,15 @@ def _nearest_f32_loop(x, src, dst, shift_base, min_normal_bits, magic, max_bits,
                                    overflow_bits, inf_bits, nan_bits, exp_mask, sign_value)
 
 
+def _nearest_f16_hw_loop(x, src, dst, shift_base, min_normal_bits, magic, max_bits,
+                         overflow_bits, inf_bits, nan_bits, exp_mask, sign_value):
+    """_nearest_f32_loop for float16 by _nearest_word_f16_hw (the same arguments; the first
+    three scalars unused)."""
+    for i in numba.prange(src.size):  # noqa: F821 - bound by numba_kernel's globals
+        dst[i] = _nearest_word_f16_hw(src[i], x[i], max_bits, overflow_bits,
+                                      inf_bits, nan_bits, exp_mask, sign_value)
+
+
 def _twin(fn, name: str, **replace_globals):
     """fn under another name, optionally calling other helpers: one source, several builds.
 
@@ -252,7 +283,8 @@ _KERNELS: dict[tuple, Any] = {}  # compiled on first use
 
 
 def _bit_casts(numba):
-    """numba intrinsics that reinterpret float32 bits as int32 and back (free: no instruction)."""
+    """numba intrinsics: float32 bits as int32 (free: no instruction), and float32 through
+    binary16 and back (LLVM's fptrunc/fpext to half: F16C instructions where `hardware_half`)."""
     from llvmlite import ir
     from numba.core import types as nt
     from numba.extending import intrinsic
@@ -263,7 +295,45 @@ def _bit_casts(numba):
             return None
         return nt.int32(nt.float32), lambda ctx, b, sig, args: b.bitcast(args[0], ir.IntType(32))
 
-    return {"_float_bits": _float_bits}
+    @intrinsic
+    def _via_half(typingctx, x):
+        if x != nt.float32:
+            return None
+
+        def codegen(ctx, b, sig, args):
+            return b.fpext(b.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+        return nt.float32(nt.float32), codegen
+
+    return {"_float_bits": _float_bits, "_via_half": _via_half}
+
+
+def is_binary16(fmt: FloatFormat) -> bool:
+    """Whether fmt's grid is IEEE binary16's up to 65504 (float16: what `_via_half` rounds to)."""
+    return (fmt.mantissa_bits, fmt.emin, fmt.max_finite) == (10, -14, 65504.0)
+
+
+@functools.cache
+def hardware_half() -> bool:
+    """Whether float16 nearest-even takes the CPU's casts (`_nearest_word_f16_hw`).
+
+    Yes on an x86-64 CPU with F16C (every Intel CPU since Ivy Bridge, 2012, and AMD since
+    Piledriver) when numba compiles for the host: there LLVM turns the round trip into
+    vcvtps2ph/vcvtph2ps, which round to nearest even under the default rounding mode that
+    numba's float arithmetic assumes everywhere, keep float16 subnormals and ignore FTZ.
+    No elsewhere (NUMBA_CPU_NAME/NUMBA_CPU_FEATURES set, other CPUs): without F16C LLVM
+    would call a compiler-runtime routine numba does not link, so those machines keep the
+    integer loop, which gives the same bits.
+    """
+    import platform
+
+    from llvmlite import binding
+    from numba.core import config
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    if config.CPU_NAME or config.CPU_FEATURES:
+        return False
+    return bool(binding.get_host_cpu_features().get("f16c", False))
 
 
 @functools.cache
@@ -274,7 +344,7 @@ def _inline_helpers() -> dict[str, Any]:
     inline = numba.njit(inline="always")
     jitted: dict[str, Any] = _bit_casts(numba)
     for fn in (_splitmix64, _increment, _finish, _round_word, _round_word_uniform,
-               _nearest_word_f32):
+               _nearest_word_f32, _nearest_word_f16_hw):
         jitted[fn.__name__] = inline(_twin(fn, fn.__name__, **jitted))
     return jitted
 
@@ -312,24 +382,30 @@ def runtime_mode(mode: int, c: Container) -> bool:
     return c is F64 and mode in (NEAREST_AWAY, TOWARD_ZERO, UP, DOWN)
 
 
-def numba_kernel(mode: int, uniform: bool, parallel: bool, c: Container = F64):
+def numba_kernel(mode: int, uniform: bool, parallel: bool, c: Container = F64,
+                 half: bool = False):
     """The numba build of one loop variant, compiled or loaded from numba's cache on first use.
 
     mode: a mode code (the loop is built for that mode alone, except where `runtime_mode`:
     then the mode is its last argument); uniform: fmt's emin is the container's own; c: the
     container (its words are int32 or int64). Float32 words rounded
     to nearest even into a non-uniform format take `_nearest_f32_loop`, whose arguments are
-    the float32 array, its int32 view, the output view and `nearest_params`.
+    the float32 array, its int32 view, the output view and `nearest_params`; half=True
+    builds `_nearest_f16_hw_loop` instead (the same arguments; float16 only, and only where
+    `hardware_half`).
     """
     nearest32 = mode == NEAREST_EVEN and not uniform and c is F32
+    half = half and nearest32
     runtime = runtime_mode(mode, c)
-    key = ("any" if runtime else mode, uniform, parallel, c.width)
+    key = ("any" if runtime else mode, uniform, parallel, c.width, half)
     if key not in _KERNELS:
         import numba
 
         jitted = _inline_helpers()
         word = jitted["_round_word_uniform" if uniform else "_round_word"]
-        if nearest32:
+        if half:
+            loop, tag = _nearest_f16_hw_loop, ""
+        elif nearest32:
             loop, tag = _nearest_f32_loop, ""
         elif mode == STOCHASTIC:
             loop, tag = _stochastic_loop, ""
@@ -342,7 +418,9 @@ def numba_kernel(mode: int, uniform: bool, parallel: bool, c: Container = F64):
         word_type = np.int32 if c is F32 else np.int64
         _KERNELS[key] = numba.njit(parallel=parallel, cache=True)(
             _twin(loop, name, numba=numba, _splitmix64=jitted["_splitmix64"], _round_word=word,
-                  _nearest_word_f32=jitted["_nearest_word_f32"], MODE=mode, WORD=word_type))
+                  _nearest_word_f32=jitted["_nearest_word_f32"],
+                  _nearest_word_f16_hw=jitted["_nearest_word_f16_hw"], MODE=mode,
+                  WORD=word_type))
     return _KERNELS[key]
 
 
@@ -470,7 +548,8 @@ def numba_into(a, src, dst, fmt: FloatFormat, code: int, params: tuple, seed: in
     # layer resets the process-wide OpenMP thread count, which torch shares, so it is put back.
     torch_threads = torch.get_num_threads()
     parallel = a.size >= PARALLEL_MIN_SIZE and torch_threads > 1
-    kernel = numba_kernel(code, uniform, parallel, c)
+    half = code == NEAREST_EVEN and c is F32 and is_binary16(fmt) and hardware_half()
+    kernel = numba_kernel(code, uniform, parallel, c, half)
     if code == NEAREST_EVEN and not uniform and c is F32:
         kernel(a.reshape(-1), src, dst, *nearest_params(fmt, saturate))
     elif code == STOCHASTIC:

@@ -336,6 +336,8 @@ import html as _html  # noqa: E402
 import math  # noqa: E402
 
 import numpy as np  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from matplotlib import cbook  # noqa: E402
 
 from precisionlab.widgets import figure_json  # noqa: E402
@@ -505,6 +507,40 @@ def test_simplify_keeps_every_point_within_tolerance():
     assert worst <= 0.5
     line = np.arange(100.0)
     assert list(figure_json.simplify(line, 2 * line)) == [0, 99]  # a straight line: its ends
+
+
+def _rdp_reference(x: list[float], y: list[float], tol: float) -> list[int]:
+    """Ramer-Douglas-Peucker by recursion on Python floats, one segment at a time."""
+    def farthest(i: int, j: int) -> tuple[float, int]:
+        dx, dy = x[j] - x[i], y[j] - y[i]
+        seg, best, at = dx * dx + dy * dy, -1.0, i + 1
+        for k in range(i + 1, j):
+            sx, sy = x[k] - x[i], y[k] - y[i]
+            t = 0.0 if seg == 0 else min(max((sx * dx + sy * dy) / seg, 0.0), 1.0)
+            d = math.hypot(sx - t * dx, sy - t * dy)
+            if d > best:
+                best, at = d, k
+        return best, at
+
+    def keep(i: int, j: int) -> list[int]:
+        if j - i < 2:
+            return []
+        d, k = farthest(i, j)
+        return [*keep(i, k), k, *keep(k, j)] if d > tol else []
+
+    n = len(x)
+    return list(range(n)) if n <= 2 else [0, *keep(0, n - 1), n - 1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-40, 40), st.integers(-40, 40)), max_size=60),
+       st.sampled_from([0.0, 0.25, 1.0, 3.0]), st.sampled_from([1.0, 0.37, 8.0]))
+def test_simplify_keeps_what_one_segment_at_a_time_keeps(points, tol, scale):
+    """Generation-at-a-time RDP = the recursive one: repeated points, ties, back-tracking."""
+    x = [a * scale for a, _ in points]
+    y = [b * scale / 3 for _, b in points]
+    got = figure_json.simplify(np.array(x, dtype=np.float64), np.array(y, dtype=np.float64), tol)
+    assert got.tolist() == _rdp_reference(x, y, tol)
 
 
 @pytest.mark.parametrize("name", ["BIT", "CROSSING", "REDUCTION", "WORLD", "UNDERFLOW",

@@ -122,29 +122,42 @@ class _Scaler:
 
 
 def simplify(px: np.ndarray, py: np.ndarray, tol: float = TOLERANCE_PX) -> np.ndarray:
-    """Indices kept by Ramer-Douglas-Peucker: every dropped point lies within tol of the kept polyline."""
+    """Indices kept by Ramer-Douglas-Peucker: every dropped point lies within tol of the kept polyline.
+
+    A segment keeps its ends and splits at its farthest interior point (the first of equals)
+    while that point is more than tol away; the kept set does not depend on the order the
+    segments are taken in, so every segment of one generation is measured at once, a few
+    array operations per generation instead of per segment.
+    """
     n = px.size
     if n <= 2:
         return np.arange(n)
     keep = np.zeros(n, dtype=bool)
     keep[[0, n - 1]] = True
-    stack = [(0, n - 1)]
-    while stack:
-        i, j = stack.pop()
-        if j - i < 2:
-            continue
+    lo, hi = np.array([0]), np.array([n - 1])
+    while lo.size:
+        inner = hi - lo - 1  # interior points of each segment
+        lo, hi, inner = lo[inner > 0], hi[inner > 0], inner[inner > 0]
+        if not lo.size:
+            break
+        seg_of = np.repeat(np.arange(lo.size), inner)
+        first = np.cumsum(inner) - inner  # each segment's offset in the flat arrays
+        k = np.arange(inner.sum()) - first[seg_of] + lo[seg_of] + 1  # the interior points
+        i, j = lo[seg_of], hi[seg_of]
         dx, dy = px[j] - px[i], py[j] - py[i]
-        sx, sy = px[i + 1:j] - px[i], py[i + 1:j] - py[i]
+        sx, sy = px[k] - px[i], py[k] - py[i]
         seg = dx * dx + dy * dy
-        if seg == 0:
-            dist = np.hypot(sx, sy)
-        else:  # distance to the segment (not the infinite line): exact for back-tracking lines
+        with np.errstate(invalid="ignore", divide="ignore"):
+            # distance to the segment (not the infinite line): exact for back-tracking lines
             t = np.clip((sx * dx + sy * dy) / seg, 0.0, 1.0)
-            dist = np.hypot(sx - t * dx, sy - t * dy)
-        k = int(np.argmax(dist))
-        if dist[k] > tol:
-            keep[i + 1 + k] = True
-            stack += [(i, i + 1 + k), (i + 1 + k, j)]
+            dist = np.where(seg == 0, np.hypot(sx, sy), np.hypot(sx - t * dx, sy - t * dy))
+        far = np.maximum.reduceat(dist, first)
+        hit = np.flatnonzero(dist == far[seg_of])  # NaN (no finite distance) matches nothing
+        segs, at = np.unique(seg_of[hit], return_index=True)  # the first farthest point
+        split = far[segs] > tol
+        segs, mid = segs[split], k[hit[at[split]]]
+        keep[mid] = True
+        lo, hi = np.concatenate([lo[segs], mid]), np.concatenate([mid, hi[segs]])
     return np.flatnonzero(keep)
 
 

@@ -141,7 +141,7 @@ def test_float16_takes_the_hardware_round_trip_where_the_cpu_has_f16c(monkeypatc
     from numba.core import config
 
     f16c = bool(binding.get_host_cpu_features().get("f16c", False))
-    host = not (config.CPU_NAME or config.CPU_FEATURES)
+    host = config.CPU_NAME is None and config.CPU_FEATURES is None
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     assert rk.hardware_half() == (f16c and host and x86)
     built = []
@@ -162,6 +162,24 @@ with np.errstate(all="ignore"):
     r = [round_to(x, "float16", saturate=s) for s in (False, True)]
 print(hashlib.sha256(b"".join(a.tobytes() for a in r)).hexdigest())
 """
+
+
+def test_float16_falls_back_where_numba_targets_are_set_even_empty(tmp_path):
+    """NUMBA_CPU_NAME= and NUMBA_CPU_FEATURES= (set, empty) make numba compile for a bare
+    target without F16C: the integer loop must run there (the hardware one would crash)."""
+    program = _GENERIC_CPU_PROGRAM.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    program += "from precisionlab.rounding_kernel import hardware_half\nprint(hardware_half())\n"
+    env = {**os.environ, "NUMBA_CPU_NAME": "", "NUMBA_CPU_FEATURES": "",
+           "NUMBA_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    digest, flag = run.stdout.split()[-2:]
+    assert flag == "False"
+    here = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "h")})
+    assert here.returncode == 0, here.stderr
+    assert here.stdout.split()[-2] == digest
 
 
 def test_float16_rounds_to_the_same_bits_on_a_generic_numba_cpu(same_bits):

@@ -15,7 +15,8 @@ Two back ends give bit-identical answers:
   speed and are picked by the input's length alone, so short arrays never wait for a
   compiler and no call depends on earlier ones. Each element is rounded on its own, and
   stochastic mode draws element i from SplitMix64(seed + i): results do not depend on the
-  tier, the thread count or the CPU.
+  tier, the thread count or the CPU (under the default round-to-nearest floating-point
+  environment, which Python and torch never change).
 
 `backend="auto"` uses the native cast for float32 targets and for float32 inputs below 4096
 values (a float32 CPU tensor is cast in torch, without NumPy), and the kernel elsewhere: a

@@ -201,9 +201,10 @@ def _nearest_word_f16_hw(v, x, max_bits, overflow_bits, inf_bits, nan_bits, exp_
                          sign_value):
     """_round_word's float16 nearest-even bits for a float32 word v, by the CPU's own casts.
 
-    |x| goes to IEEE binary16 and back (`_via_half`: on x86 the F16C instructions
-    vcvtps2ph/vcvtph2ps, vectorised 16 lanes wide): nearest even, subnormals kept, overflow
-    to inf, which is fl(|x|) exactly. Only the special values and the sign are the
+    |x| goes to IEEE binary16 and back (`_via_half`: the F16C conversions vcvtps2ph/vcvtph2ps,
+    8 lanes wide with AVX2 and 16 with AVX-512, or AVX512-FP16's vcvtps2phx/vcvtph2psx where
+    the CPU has those): nearest even under the default rounding mode, subnormals kept,
+    overflow to inf, which is fl(|x|) exactly. Only the special values and the sign are the
     package's own (`_finish`): overflow becomes overflow_bits (inf, or max_finite when
     saturating), NaN the quiet NaN. Built only where `hardware_half` says so; held to
     _round_word on every float32 bit pattern (tests/test_rounding_native.py).
@@ -316,13 +317,17 @@ def is_binary16(fmt: FloatFormat) -> bool:
 def hardware_half() -> bool:
     """Whether float16 nearest-even takes the CPU's casts (`_nearest_word_f16_hw`).
 
-    Yes on an x86-64 CPU with F16C (every Intel CPU since Ivy Bridge, 2012, and AMD since
-    Piledriver) when numba compiles for the host: there LLVM turns the round trip into
-    vcvtps2ph/vcvtph2ps, which round to nearest even under the default rounding mode that
-    numba's float arithmetic assumes everywhere, keep float16 subnormals and ignore FTZ.
-    No elsewhere (NUMBA_CPU_NAME/NUMBA_CPU_FEATURES set, other CPUs): without F16C LLVM
-    would call a compiler-runtime routine numba does not link, so those machines keep the
-    integer loop, which gives the same bits.
+    Yes on an x86-64 CPU with F16C (detected at run time: Intel Core and Xeon since Ivy
+    Bridge, 2012, but not the AVX-less Pentium, Celeron and Atom parts; AMD since Piledriver
+    and Jaguar) when numba compiles for the host: there LLVM turns the round trip into
+    vcvtps2ph/vcvtph2ps, which round to nearest even under the default (MXCSR) rounding mode
+    that numba's float arithmetic assumes everywhere (the integer loop's subnormal step is a
+    float addition too), keep float16 subnormals, and whose bits FTZ and DAZ do not change
+    (FTZ is ignored; a float32 subnormal read as zero rounds to zero anyway). No elsewhere:
+    other CPUs, and whenever NUMBA_CPU_NAME or NUMBA_CPU_FEATURES is set at all (numba then
+    compiles for that target, even an empty one, and without F16C LLVM emits calls to
+    compiler-runtime routines that numba does not provide: the first call would crash).
+    Those machines keep the integer loop, which gives the same bits.
     """
     import platform
 
@@ -331,7 +336,7 @@ def hardware_half() -> bool:
 
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    if config.CPU_NAME or config.CPU_FEATURES:
+    if config.CPU_NAME is not None or config.CPU_FEATURES is not None:  # numba's own test
         return False
     return bool(binding.get_host_cpu_features().get("f16c", False))
 

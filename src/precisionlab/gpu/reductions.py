@@ -217,7 +217,7 @@ def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
         what = "order='atomic' draws its orders" if order == "atomic" else "stochastic rounding draws"
         raise ValueError(f"{what} at random: pass seed=<int>; got seed=None")
     gen = None if seed is None else seed_generator(seed)
-    adder = RoundedAdder(acc_fmt, mode, gen)  # validates mode
+    RoundedAdder(acc_fmt, mode, gen)  # validates mode before x is read
 
     if hasattr(x, "detach"):  # torch tensor: exact widening to float64 on the CPU
         x = x.detach().cpu().double().numpy()
@@ -227,6 +227,8 @@ def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
     lead = xa.shape[:-1]
     n = xa.shape[-1]
     lanes = math.prod(lead)
+    # About lanes * n values rounded in all: few enough for rounding's NumPy tier (no compile).
+    adder = RoundedAdder(acc_fmt, mode, gen, work=lanes * n)
     shared = _shared_rows(xa) and mode != "stochastic"
     if shared:  # every lane holds the same vector: convert (and, if deterministic, sum) it once
         rows = adder.convert(xa[(0,) * len(lead)].reshape(1, n))

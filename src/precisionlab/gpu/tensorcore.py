@@ -137,7 +137,8 @@ def get_tensor_core_model(model: str | TensorCoreModel) -> TensorCoreModel:
 def _check_values(x: np.ndarray, fmt, name: str, hint: str = "round them first, e.g. with "
                   "precisionlab.rounding.round_to, or pass operands='converted'") -> None:
     """Raise unless every entry of x is already a value of fmt (the model takes hardware operands)."""
-    bad = np.asarray(round_to(x, fmt)) != x
+    # one rounding per value: the NumPy tier up to CONVERT_NUMPY_MAX values (no cold compile)
+    bad = np.asarray(round_to(x, fmt, compiled=x.size > CONVERT_NUMPY_MAX)) != x
     if np.any(bad):
         raise ValueError(f"{name} must hold {get_format(fmt).name} values; {x[bad].ravel()[:3]} "
                          f"are not ({hint})")
@@ -200,12 +201,16 @@ def block_fma(a, b, c, model: str | TensorCoreModel = "V100", inputs: str = "flo
     a = _feed(a, inputs, operands, "a")
     b = _feed(b, inputs, operands, "b")
     _check_values(c, out, "c", "round it to the output format first")
-    return _block_fma(a, b, c, m, out)
+    return _block_fma(a, b, c, m, out, compiled=c.size > CONVERT_NUMPY_MAX)
 
 
 def _block_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: TensorCoreModel,
-               out: str) -> np.ndarray:
-    """block_fma on operands already checked: a, b (..., B') of the input format, c (...) of `out`."""
+               out: str, compiled: bool) -> np.ndarray:
+    """block_fma on operands already checked: a, b (..., B') of the input format, c (...) of `out`.
+
+    compiled: whether the roundings may take rounding's numba tier (False: the caller's
+    roundings come to at most CONVERT_NUMPY_MAX values, done sooner on NumPy's; the same bits).
+    """
     prod = a * b  # exact: at most 2 x 11 significant bits (24 for tf32's raw feed)
     terms = np.concatenate([np.broadcast_to(c[..., None], (*prod.shape[:-1], 1)), prod], axis=-1)
     _, e = np.frexp(terms)  # |t| = f 2^e with f in [0.5, 1): floor(log2 |t|) = e - 1
@@ -218,9 +223,11 @@ def _block_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: TensorCoreModel,
     # The carry bits (checked in TensorCoreModel) hold it, so no bit is lost before the end.
     total = fixed.sum(axis=-1)
     d = np.ldexp(total, lsb[..., 0])
-    d = np.asarray(round_to(d, accumulator_format(m.acc_bits), "toward_zero"), dtype=np.float64)
+    d = np.asarray(round_to(d, accumulator_format(m.acc_bits), "toward_zero", compiled=compiled),
+                   dtype=np.float64)
     if out == "float16":
-        d = np.asarray(round_to(d, "float16", "nearest_even"), dtype=np.float64)
+        d = np.asarray(round_to(d, "float16", "nearest_even", compiled=compiled),
+                       dtype=np.float64)
     return d + 0.0  # no negative zeros from truncation
 
 
@@ -256,11 +263,12 @@ def tensor_core_matmul(a, b, c=None, model: str | TensorCoreModel = "V100",
             raise ValueError(f"promotion adds partial sums into float32: it needs out='float32'; "
                              f"got out={out!r}")
     total, k = d, A.shape[1]
+    compiled = d.size * -(-k // m.block) > CONVERT_NUMPY_MAX  # accumulator roundings in all
     if promote_every is not None:
         d = np.zeros_like(total)
     for k0 in range(0, k, m.block):
         blk = slice(k0, k0 + m.block)
-        d = _block_fma(A[:, None, blk], B.T[None, :, blk], d, m, out)
+        d = _block_fma(A[:, None, blk], B.T[None, :, blk], d, m, out, compiled)
         end = min(k0 + m.block, k)
         if promote_every is not None and (end % promote_every == 0 or end == k):
             # Two float32 values summed in float64 and rounded once: the correctly rounded sum.

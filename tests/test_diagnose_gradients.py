@@ -538,3 +538,31 @@ def test_forward_counts_of_a_gpt2_built_from_a_config_against_torchs_casts():
     assert total > 0 and r.forward_overflow("bfloat16") == (0, 0)  # the planted overflow
     amax = max(float(x.abs().max()) for _, x in outs)
     assert r.forward_headroom("float16") == pytest.approx(math.log2(65504 / amax), abs=1e-12)
+
+
+def _png(fig) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=60)
+    return buf.getvalue()
+
+
+def test_scale_figures_drawn_on_a_copy_match_one_drawn_afresh():
+    """scale_figure copies the empty figure of a tensor list it has drawn before: the same
+    pixels as a figure made from nothing, and no copy once rcParams have changed."""
+    import matplotlib as mpl
+
+    from precisionlab.diagnose.scale_view import scale_figure
+
+    names = tuple(f"block.{i}.weight" for i in range(30))
+    a = ([0.1] * 30, [False] * 30, [None] * 30)
+    b = ([i / 40 for i in range(30)], [i % 7 == 0 for i in range(30)],
+         [0.01 * i if i % 7 == 0 else None for i in range(30)])
+    scale_figure(names, *a, "float16", 0)  # drawn once: later figures of these names copy it
+    copied = _png(scale_figure(names, *b, "float16", 8))
+    for j in range(5):  # other tensor lists push the first out of the few kept
+        scale_figure((*names, f"extra.{j}"), *([*v, v[0]] for v in a), "float16", 0)
+    assert _png(scale_figure(names, *b, "float16", 8)) == copied
+    with mpl.rc_context({"axes.labelsize": 17.0}):
+        assert scale_figure(names, *b, "float16", 8).axes[0].xaxis.label.get_size() == 17.0

@@ -31,6 +31,7 @@ from .style import (
     PALETTE,
     format_style,
     legend_outside,
+    rc_snapshot,
     use_house_style,
 )
 from .underflow import plot_attenuation_model, plot_layer_gradients, plot_zero_fraction
@@ -87,5 +88,6 @@ __all__ = [
     "plot_training_curves",
     "plot_ulp_vs_magnitude",
     "plot_zero_fraction",
+    "rc_snapshot",
     "use_house_style",
 ]

@@ -10,10 +10,10 @@ from functools import lru_cache, partial, update_wrapper
 from matplotlib.figure import Figure
 
 from ..checks import check_real
-from ..plotting import plot_run_metric
+from ..plotting import plot_run_metric, rc_snapshot
 from ..rl import PolicyConfig, RunConfig, RunLog, train, with_changes
 from .frames import interactive
-from .view import TextPanel, rc_snapshot
+from .view import TextPanel
 
 __all__ = ["PHANTOM_GRID", "phantom_explorer", "phantom_view", "trained"]
 

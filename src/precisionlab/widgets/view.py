@@ -8,11 +8,12 @@ import pickle
 from contextvars import ContextVar
 
 import numpy as np
-from matplotlib import rcParams
 from matplotlib.figure import Figure
 
+from ..plotting import rc_snapshot
+
 __all__ = ["FIGURE_WIDTH_IN", "TextPanel", "figure_copies", "figure_summary", "panel_html",
-           "rc_snapshot", "view_figure"]
+           "view_figure"]
 
 FIGURE_WIDTH_IN = 7.0  # a frame at FRAME_DPI = 100 is 700 px, the book's text column
 
@@ -55,15 +56,6 @@ def _as_subplots(axes: list, nrows: int, ncols: int):
     grid = np.empty(len(axes), dtype=object)
     grid[:] = axes
     return grid.reshape(nrows, ncols).squeeze()
-
-
-def rc_snapshot() -> dict:
-    """The rcParams a new Figure reads, to tell whether a drawn copy is still valid.
-
-    'backend' is left out (reading it may select one); the values are read as stored, without
-    rcParams' per-key lookup (a seventh of the time, and the same dict).
-    """
-    return {k: v for k, v in dict.items(rcParams) if k != "backend"}
 
 
 # While figure_copies() is active: {layout: (rcParams snapshot, pickled blank figure)}. Set

@@ -27,6 +27,10 @@ measured first, with empty caches, in the same way. Each notebook's cold time mu
 within ``precisionlab.budget_x`` times the floor (its notebook metadata; default 3, chapter
 6, which trains live, 5), or --budget-x. --budget (seconds) adds an absolute limit.
 
+On a shared machine one run's time moves by a quarter either way with the neighbours' load;
+``--repeat N`` runs the floor and every notebook N times (each cold run with caches of its
+own) and reports the medians.
+
 The same times go into ``book/_notebook_times.md`` (rows of the notebooks run are replaced,
 the others kept), which the workshop page includes: the run times a teacher plans with are
 measured, never typed.
@@ -37,6 +41,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -115,8 +120,8 @@ def fresh_caches(caches: str) -> dict[str, str]:
     return env
 
 
-def floor_time(cell_timeout: int, runs: int = 2) -> float:
-    """The machine's floor: the least cold wall time of a fresh kernel running FLOOR_SOURCE."""
+def floor_time(cell_timeout: int, runs: int = 2, stat=min) -> float:
+    """The machine's floor: the least (or `stat`) cold wall time of a fresh kernel running FLOOR_SOURCE."""
     times = []
     for _ in range(runs):
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(FLOOR_SOURCE)])
@@ -125,7 +130,7 @@ def floor_time(cell_timeout: int, runs: int = 2) -> float:
         if error is not None:
             raise RuntimeError(f"the floor notebook failed: {error}")
         times.append(wall)
-    return min(times)
+    return float(stat(times))
 
 
 def cold_and_warm(path: Path, cell_timeout: int) -> tuple[float, float, str | None, Any]:
@@ -139,7 +144,7 @@ def cold_and_warm(path: Path, cell_timeout: int) -> tuple[float, float, str | No
         return cold, warm, (None if error is None else f"warm run: {error}"), nb
 
 
-def write_times(rows, floor: float, path: Path) -> None:
+def write_times(rows, floor: float, path: Path, repeat: int = 1) -> None:
     """Merge (name, budget_x, cold, warm, status) rows into the markdown table at path."""
     import platform
 
@@ -171,7 +176,8 @@ def write_times(rows, floor: float, path: Path) -> None:
         "empty numba and matplotlib caches, as on a new Colab runtime; warm: the same caches "
         "filled. Floor: a fresh kernel that only imports numpy, torch, matplotlib and "
         "precisionlab, cold, on the same machine; the budget is a multiple of it, so it "
-        "travels to a slower or faster laptop.",
+        "travels to a slower or faster laptop."
+        + (f" Each time is the median of {repeat} runs." if repeat > 1 else ""),
         "",
     ]
     path.write_text("\n".join(lines), encoding="utf-8")
@@ -211,6 +217,13 @@ def main(argv: list[str] | None = None) -> int:
         f"(default {TIMES_FILE.relative_to(REPO_ROOT)}; an empty string writes none)",
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of the floor and of each notebook, cold then warm; the medians are "
+        "reported (default 1: one run each, the floor the faster of two)",
+    )
+    parser.add_argument(
         "--time-only",
         action="store_true",
         help="run and time the notebooks but do not write them back",
@@ -226,14 +239,22 @@ def main(argv: list[str] | None = None) -> int:
         print("not found: " + ", ".join(map(str, missing)), file=sys.stderr)
         return 1
 
+    if args.repeat < 1:
+        print(f"--repeat must be at least 1; got {args.repeat}", file=sys.stderr)
+        return 2
     print("measuring the floor (a fresh kernel importing torch and precisionlab) ...", flush=True)
-    floor = floor_time(args.timeout)
+    floor = (floor_time(args.timeout) if args.repeat == 1
+             else floor_time(args.timeout, args.repeat, statistics.median))
     print(f"floor: {floor:.1f} s on {cpu_model()}")
     rows = []
     for path in paths:
         print(f"executing {path.name} (cold, then warm) ...", flush=True)
         budget_x = args.budget_x if args.budget_x is not None else budget_of(path)
-        cold, warm, error, nb = cold_and_warm(path, args.timeout)
+        runs = [cold_and_warm(path, args.timeout) for _ in range(args.repeat)]
+        error = next((r[2] for r in runs if r[2] is not None), None)
+        cold = statistics.median(r[0] for r in runs)
+        warm = statistics.median(r[1] for r in runs)
+        nb = runs[-1][3]
         if error is not None:
             status = f"ERROR in the {error}"
         elif cold > budget_x * floor:
@@ -261,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
           + ("; notebooks not written (--time-only)" if args.time_only else ""))
     measured = [row for row in rows if not row[4].startswith("ERROR")]
     if measured and args.times_file:
-        write_times(measured, floor, Path(args.times_file))
+        write_times(measured, floor, Path(args.times_file), args.repeat)
         print(f"times written to {args.times_file}")
 
     return 0 if all(row[4] == "ok" for row in rows) else 1

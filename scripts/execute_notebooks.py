@@ -29,7 +29,8 @@ within ``precisionlab.budget_x`` times the floor (its notebook metadata; default
 
 On a shared machine one run's time moves by a quarter either way with the neighbours' load;
 ``--repeat N`` runs the floor and every notebook N times (each cold run with caches of its
-own) and reports the medians.
+own) and reports the medians, floor and notebooks alike (N = 1: one run per notebook, the
+floor the faster of two; N >= 3 is the fairer measure on a busy machine).
 
 The same times go into ``book/_notebook_times.md`` (rows of the notebooks run are replaced,
 the others kept), which the workshop page includes: the run times a teacher plans with are
@@ -250,11 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(f"executing {path.name} (cold, then warm) ...", flush=True)
         budget_x = args.budget_x if args.budget_x is not None else budget_of(path)
-        runs = [cold_and_warm(path, args.timeout) for _ in range(args.repeat)]
-        error = next((r[2] for r in runs if r[2] is not None), None)
+        runs = []
+        for _ in range(args.repeat):  # stopped by the first failure: the row is an error
+            runs.append(cold_and_warm(path, args.timeout))
+            if runs[-1][2] is not None:
+                break
+        error, nb = runs[-1][2], runs[-1][3]
         cold = statistics.median(r[0] for r in runs)
-        warm = statistics.median(r[1] for r in runs)
-        nb = runs[-1][3]
+        warm = float("nan") if error else statistics.median(r[1] for r in runs)
         if error is not None:
             status = f"ERROR in the {error}"
         elif cold > budget_x * floor:

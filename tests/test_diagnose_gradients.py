@@ -566,3 +566,20 @@ def test_scale_figures_drawn_on_a_copy_match_one_drawn_afresh():
     assert _png(scale_figure(names, *b, "float16", 8)) == copied
     with mpl.rc_context({"axes.labelsize": 17.0}):
         assert scale_figure(names, *b, "float16", 8).axes[0].xaxis.label.get_size() == 17.0
+
+
+def test_scale_figures_are_not_copied_after_an_rcparams_list_changes_in_place():
+    import matplotlib as mpl
+
+    from precisionlab.diagnose.scale_view import scale_figure
+
+    names = tuple(f"layer{i}.bias" for i in range(12))
+    data = ([0.2] * 12, [False] * 12, [None] * 12)
+    scale_figure(names, *data, "bfloat16", 4)
+    family = mpl.rcParams["font.family"]
+    family.insert(0, "serif")  # the same list, changed in place
+    try:
+        label = scale_figure(names, *data, "bfloat16", 4).axes[0].xaxis.label
+        assert label.get_fontfamily()[0] == "serif"
+    finally:
+        family.remove("serif")

@@ -517,7 +517,7 @@ def _rdp_reference(x: list[float], y: list[float], tol: float) -> list[int]:
         for k in range(i + 1, j):
             sx, sy = x[k] - x[i], y[k] - y[i]
             t = 0.0 if seg == 0 else min(max((sx * dx + sy * dy) / seg, 0.0), 1.0)
-            d = math.hypot(sx - t * dx, sy - t * dy)
+            d = float(np.hypot(sx - t * dx, sy - t * dy))  # np.hypot: the bits simplify gets
             if d > best:
                 best, at = d, k
         return best, at

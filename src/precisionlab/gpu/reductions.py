@@ -176,6 +176,15 @@ def _warp(add, v: np.ndarray, threads: int) -> np.ndarray:
     return _shuffle_tree(add, first)[0]
 
 
+def _rounded_per_lane(order: str, n: int, block: int, splits: int, threads: int) -> int:
+    """About how many values one lane's sum of n terms rounds in `order` (the loads included):
+    what tells whether rounding's NumPy tier finishes before a cold compile would."""
+    padded = {"blocked": -(-n // block) * block, "atomic": -(-n // block) * block,
+              "warp": -(-n // threads) * threads + WARP_SIZE,
+              "split_k": -(-n // splits) * splits + splits, "kahan": 4 * n}
+    return n + padded.get(order, n)  # sequential, pairwise: n - 1 adds
+
+
 def _kahan(adder: RoundedAdder, v: np.ndarray) -> np.ndarray:
     s = v[0].copy()
     c = np.zeros_like(s)
@@ -227,8 +236,8 @@ def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
     lead = xa.shape[:-1]
     n = xa.shape[-1]
     lanes = math.prod(lead)
-    # About lanes * n values rounded in all: few enough for rounding's NumPy tier (no compile).
-    adder = RoundedAdder(acc_fmt, mode, gen, work=lanes * n)
+    adder = RoundedAdder(acc_fmt, mode, gen, work=lanes * _rounded_per_lane(order, n, block,
+                                                                          splits, threads))
     shared = _shared_rows(xa) and mode != "stochastic"
     if shared:  # every lane holds the same vector: convert (and, if deterministic, sum) it once
         rows = adder.convert(xa[(0,) * len(lead)].reshape(1, n))
@@ -260,7 +269,8 @@ def reduce_sum(x, order: str = "sequential", acc: str | FloatFormat = "float32",
             parts = _chunks(adder.add, v, -(-n // splits))
             if partial is not None:
                 parts = adder.convert(round_to(parts.astype(np.float64), get_format(partial), mode,
-                                               generator=gen))
+                                               generator=gen,
+                                               compiled=parts.size > CONVERT_NUMPY_MAX))
             total = _sequential(adder.add, parts)
         else:  # kahan
             total = _kahan(adder, v)

@@ -39,6 +39,7 @@ zero). Fasi et al.'s A100 tf32 test feeds raw words: (1 - 2^-24)^2 comes out as
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cache
 
@@ -201,7 +202,8 @@ def block_fma(a, b, c, model: str | TensorCoreModel = "V100", inputs: str = "flo
     a = _feed(a, inputs, operands, "a")
     b = _feed(b, inputs, operands, "b")
     _check_values(c, out, "c", "round it to the output format first")
-    return _block_fma(a, b, c, m, out, compiled=c.size > CONVERT_NUMPY_MAX)
+    results = math.prod(np.broadcast_shapes(a.shape[:-1], c.shape))  # the values rounded
+    return _block_fma(a, b, c, m, out, compiled=results > CONVERT_NUMPY_MAX)
 
 
 def _block_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, m: TensorCoreModel,
@@ -253,7 +255,7 @@ def tensor_core_matmul(a, b, c=None, model: str | TensorCoreModel = "V100",
         raise ValueError(f"need a (m, k) and b (k, n); got shapes {A.shape} and {B.shape}")
     d = np.zeros((A.shape[0], B.shape[1])) if c is None else np.asarray(c, dtype=np.float64)
     check_choice(out, "tensor-core output", _OUTPUTS)
-    d = np.asarray(round_to(d, out), dtype=np.float64)
+    d = np.asarray(round_to(d, out, compiled=d.size > CONVERT_NUMPY_MAX), dtype=np.float64)
     if promote_every is not None:
         if isinstance(promote_every, bool) or not isinstance(promote_every, int) \
                 or promote_every < m.block or promote_every % m.block:

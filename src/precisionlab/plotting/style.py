@@ -93,6 +93,9 @@ def rc_snapshot() -> dict:
     """The rcParams a new Figure reads, to tell whether a figure drawn earlier may be copied.
 
     'backend' is left out (reading it may select one); the values are read as stored, without
-    rcParams' per-key lookup (a seventh of the time, and the same dict).
+    rcParams' per-key lookup (a seventh of the time, and the same values), lists as tuples, so
+    that a list changed in place later (rcParams["font.family"].insert(0, "serif")) no longer
+    compares equal.
     """
-    return {k: v for k, v in dict.items(mpl.rcParams) if k != "backend"}
+    return {k: tuple(v) if isinstance(v, list) else v
+            for k, v in dict.items(mpl.rcParams) if k != "backend"}

@@ -121,23 +121,47 @@ class _Scaler:
             return (self.tr.transform(np.asarray(v, dtype=np.float64)) - self.lo) * self.k
 
 
+def _split_point(px: np.ndarray, py: np.ndarray, i: int, j: int, tol: float) -> int | None:
+    """The first farthest interior point of segment (i, j) if it lies more than tol away, else None."""
+    dx, dy = px[j] - px[i], py[j] - py[i]
+    sx, sy = px[i + 1:j] - px[i], py[i + 1:j] - py[i]
+    seg = dx * dx + dy * dy
+    if seg == 0:
+        dist = np.hypot(sx, sy)
+    else:  # distance to the segment (not the infinite line): exact for back-tracking lines
+        t = np.clip((sx * dx + sy * dy) / seg, 0.0, 1.0)
+        dist = np.hypot(sx - t * dx, sy - t * dy)
+    k = int(np.argmax(dist))
+    return int(i) + 1 + k if dist[k] > tol else None
+
+
 def simplify(px: np.ndarray, py: np.ndarray, tol: float = TOLERANCE_PX) -> np.ndarray:
     """Indices kept by Ramer-Douglas-Peucker: every dropped point lies within tol of the kept polyline.
 
     A segment keeps its ends and splits at its farthest interior point (the first of equals)
-    while that point is more than tol away; the kept set does not depend on the order the
-    segments are taken in, so every segment of one generation is measured at once, a few
-    array operations per generation instead of per segment.
+    while that point is more than tol away. The kept set does not depend on the order the
+    segments are taken in, so while few segments wait (a zigzag of growing amplitude keeps
+    it at one or two) they are taken one at a time by slices, and once more wait, all of
+    them at once: a few array operations for the lot instead of a few per segment.
     """
     n = px.size
     if n <= 2:
         return np.arange(n)
     keep = np.zeros(n, dtype=bool)
     keep[[0, n - 1]] = True
-    lo, hi = np.array([0]), np.array([n - 1])
-    while lo.size:
+    waiting = [(0, n - 1)]
+    while waiting:
+        if len(waiting) <= 2:
+            i, j = waiting.pop()
+            k = _split_point(px, py, i, j, tol) if j - i > 1 else None
+            if k is not None:
+                keep[k] = True
+                waiting += [(i, k), (k, j)]
+            continue
+        lo, hi = (np.array(v, dtype=np.intp) for v in zip(*waiting, strict=True))
         inner = hi - lo - 1  # interior points of each segment
         lo, hi, inner = lo[inner > 0], hi[inner > 0], inner[inner > 0]
+        waiting = []
         if not lo.size:
             break
         seg_of = np.repeat(np.arange(lo.size), inner)
@@ -148,7 +172,7 @@ def simplify(px: np.ndarray, py: np.ndarray, tol: float = TOLERANCE_PX) -> np.nd
         sx, sy = px[k] - px[i], py[k] - py[i]
         seg = dx * dx + dy * dy
         with np.errstate(invalid="ignore", divide="ignore"):
-            # distance to the segment (not the infinite line): exact for back-tracking lines
+            # the same operations as _split_point's, element for element
             t = np.clip((sx * dx + sy * dy) / seg, 0.0, 1.0)
             dist = np.where(seg == 0, np.hypot(sx, sy), np.hypot(sx - t * dx, sy - t * dy))
         far = np.maximum.reduceat(dist, first)
@@ -157,7 +181,8 @@ def simplify(px: np.ndarray, py: np.ndarray, tol: float = TOLERANCE_PX) -> np.nd
         split = far[segs] > tol
         segs, mid = segs[split], k[hit[at[split]]]
         keep[mid] = True
-        lo, hi = np.concatenate([lo[segs], mid]), np.concatenate([mid, hi[segs]])
+        waiting = list(zip(np.concatenate([lo[segs], mid]).tolist(),
+                           np.concatenate([mid, hi[segs]]).tolist(), strict=True))
     return np.flatnonzero(keep)
 
 

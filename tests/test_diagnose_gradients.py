@@ -549,37 +549,40 @@ def _png(fig) -> bytes:
 
 
 def test_scale_figures_drawn_on_a_copy_match_one_drawn_afresh():
-    """scale_figure copies the empty figure of a tensor list it has drawn before: the same
-    pixels as a figure made from nothing, and no copy once rcParams have changed."""
+    """Inside plotting.figure_copies (an explorer's frames) scale_figure copies the empty figure
+    of a tensor list it has drawn before: the same pixels as a figure made from nothing, and
+    no copy once rcParams have changed."""
     import matplotlib as mpl
 
     from precisionlab.diagnose.scale_view import scale_figure
+    from precisionlab.plotting import figure_copies
 
     names = tuple(f"block.{i}.weight" for i in range(30))
     a = ([0.1] * 30, [False] * 30, [None] * 30)
     b = ([i / 40 for i in range(30)], [i % 7 == 0 for i in range(30)],
          [0.01 * i if i % 7 == 0 else None for i in range(30)])
-    scale_figure(names, *a, "float16", 0)  # drawn once: later figures of these names copy it
-    copied = _png(scale_figure(names, *b, "float16", 8))
-    for j in range(5):  # other tensor lists push the first out of the few kept
-        scale_figure((*names, f"extra.{j}"), *([*v, v[0]] for v in a), "float16", 0)
-    assert _png(scale_figure(names, *b, "float16", 8)) == copied
-    with mpl.rc_context({"axes.labelsize": 17.0}):
-        assert scale_figure(names, *b, "float16", 8).axes[0].xaxis.label.get_size() == 17.0
+    with figure_copies():
+        scale_figure(names, *a, "float16", 0)  # drawn once: later figures of these names copy it
+        copy = scale_figure(names, *b, "float16", 8)
+        with mpl.rc_context({"axes.labelsize": 17.0}):
+            assert scale_figure(names, *b, "float16", 8).axes[0].xaxis.label.get_size() == 17.0
+    assert _png(copy) == _png(scale_figure(names, *b, "float16", 8))  # outside: made afresh
 
 
 def test_scale_figures_are_not_copied_after_an_rcparams_list_changes_in_place():
     import matplotlib as mpl
 
     from precisionlab.diagnose.scale_view import scale_figure
+    from precisionlab.plotting import figure_copies
 
     names = tuple(f"layer{i}.bias" for i in range(12))
     data = ([0.2] * 12, [False] * 12, [None] * 12)
-    scale_figure(names, *data, "bfloat16", 4)
     family = mpl.rcParams["font.family"]
-    family.insert(0, "serif")  # the same list, changed in place
-    try:
-        label = scale_figure(names, *data, "bfloat16", 4).axes[0].xaxis.label
-        assert label.get_fontfamily()[0] == "serif"
-    finally:
-        family.remove("serif")
+    with figure_copies():
+        scale_figure(names, *data, "bfloat16", 4)
+        family.insert(0, "serif")  # the same list, changed in place
+        try:
+            label = scale_figure(names, *data, "bfloat16", 4).axes[0].xaxis.label
+            assert label.get_fontfamily()[0] == "serif"
+        finally:
+            family.remove("serif")

@@ -1,6 +1,6 @@
 """The static view's fast path (Interactive.frames) emits what the straightforward one does.
 
-frames() draws each view on a copy of a pickled blank figure (view.figure_copies), pauses the
+frames() draws each view on a copy of a pickled blank figure (plotting.figure_copies), pauses the
 full-heap garbage collector, and figure_spec reads the tick labels' rotation without making
 the ticks. The oracle for each is the plain matplotlib path: the view called on a figure built
 from scratch, every tick made (get_majorticklabels), then figure_spec.
@@ -20,10 +20,11 @@ import pytest
 from matplotlib import rc_context
 
 from precisionlab import widgets
+from precisionlab.plotting import figure_copies
 from precisionlab.widgets.collectives import collective_explorer
 from precisionlab.widgets.figure_json import figure_spec
 from precisionlab.widgets.frames import frame_png
-from precisionlab.widgets.view import figure_copies, panel_html, view_figure
+from precisionlab.widgets.view import panel_html, view_figure
 
 EXPLORERS = {
     "bit": lambda: widgets.bit_explorer(),

@@ -9,15 +9,13 @@ a widget), carried by the view's `ViewTable`; where bars tie for the highest, it
 
 from __future__ import annotations
 
-import pickle
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..plotting import rc_snapshot
+from ..plotting import copied_figure
 from ..tables import Table
 from .report import fmt_share, short
 
@@ -37,7 +35,9 @@ class ViewTable(Table):
 def scale_figure(names: Sequence[str], below: Sequence[float], ovf: Sequence[bool],
                  shares: Sequence[float | None], fmt: str, k: int) -> Figure:
     """Bars of the below-floor shares (red where ovf) and red stems max(share, MIN_MARK) high beside the overflowing tensors."""
-    fig = _axes_for(tuple(names))
+    # Inside plotting.figure_copies (an explorer's frames) a copy of the list's empty figure.
+    names = tuple(names)
+    fig = copied_figure(("scale_figure", names), lambda: _empty_figure(names))
     ax = fig.axes[0]
     x = np.arange(len(names))
     ax.bar(x, below, color=["#D55E00" if o else "#0072B2" for o in ovf])
@@ -47,20 +47,12 @@ def scale_figure(names: Sequence[str], below: Sequence[float], ovf: Sequence[boo
     return fig
 
 
-# The last few tensor lists' empty figures, pickled: {names: (rcParams snapshot, bytes)}. The
-# tensor names' tick labels take most of a figure's making, and every view of one report (an
-# explorer draws one per loss scale and format) has the same; a copy takes a tenth of the time.
-_EMPTY: OrderedDict[tuple[str, ...], tuple[dict, bytes]] = OrderedDict()
-_EMPTY_MAX = 4
+def _empty_figure(names: tuple[str, ...]) -> Figure:
+    """A new figure whose one Axes has scale_figure's limits, ticks and labels for these tensors.
 
-
-def _axes_for(names: tuple[str, ...]) -> Figure:
-    """A new figure whose one Axes has scale_figure's limits, ticks and labels for these tensors."""
-    rc = rc_snapshot()
-    kept = _EMPTY.get(names)
-    if kept is not None and kept[0] == rc:
-        _EMPTY.move_to_end(names)
-        return pickle.loads(kept[1])
+    The tensor names' tick labels take most of a figure's making and are the same in every
+    view of one report, so an explorer copies this figure (a tenth of the time).
+    """
     fig = Figure(figsize=(7, 3.2))
     ax = fig.add_subplot()
     x = np.arange(len(names))
@@ -74,9 +66,6 @@ def _axes_for(names: tuple[str, ...]) -> Figure:
     ax.set_xlabel("parameter tensor, in model order")
     ax.set_ylabel("share of nonzero entries")
     fig.subplots_adjust(bottom=0.42, left=0.1, right=0.98, top=0.9)
-    _EMPTY[names] = (rc, pickle.dumps(fig))
-    while len(_EMPTY) > _EMPTY_MAX:
-        _EMPTY.popitem(last=False)
     return fig
 
 

@@ -14,6 +14,7 @@ drew on, and never calls `plt.show()`. Files, one concept each:
   (chapter 9).
 """
 
+from .copies import copied_figure, figure_copies, rc_snapshot
 from .formats import format_grid, plot_number_line, plot_ulp_vs_magnitude
 from .intervals import plot_bound_bands, plot_bound_widths, plot_leaf_depths
 from .quantize import (
@@ -31,7 +32,6 @@ from .style import (
     PALETTE,
     format_style,
     legend_outside,
-    rc_snapshot,
     use_house_style,
 )
 from .underflow import plot_attenuation_model, plot_layer_gradients, plot_zero_fraction
@@ -55,6 +55,8 @@ __all__ = [
     "FORMAT_LINESTYLES",
     "PALETTE",
     "POLICY_STYLES",
+    "copied_figure",
+    "figure_copies",
     "format_grid",
     "format_style",
     "legend_outside",

@@ -9,7 +9,7 @@ from matplotlib.axes import Axes
 from ..formats import get_format
 
 __all__ = ["FORMAT_COLORS", "FORMAT_LINESTYLES", "PALETTE", "format_style", "get_axes",
-           "legend_outside", "rc_snapshot", "use_house_style"]
+           "legend_outside", "use_house_style"]
 
 # Okabe & Ito's colour-blind-safe palette (yellow left out: too faint on white).
 PALETTE: dict[str, str] = {
@@ -88,14 +88,3 @@ def get_axes(ax: Axes | None) -> Axes:
         _, ax = plt.subplots()
     return ax
 
-
-def rc_snapshot() -> dict:
-    """The rcParams a new Figure reads, to tell whether a figure drawn earlier may be copied.
-
-    'backend' is left out (reading it may select one); the values are read as stored, without
-    rcParams' per-key lookup (a seventh of the time, and the same values), lists as tuples, so
-    that a list changed in place later (rcParams["font.family"].insert(0, "serif")) no longer
-    compares equal.
-    """
-    return {k: tuple(v) if isinstance(v, list) else v
-            for k, v in dict.items(mpl.rcParams) if k != "backend"}

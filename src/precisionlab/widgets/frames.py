@@ -30,8 +30,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
 
+from ..plotting import figure_copies
 from .figure_json import UnsupportedFigure, figure_spec
-from .view import TextPanel, figure_copies, figure_summary, panel_html
+from .view import TextPanel, figure_summary, panel_html
 
 __all__ = ["FRAME_COLORS", "FRAME_DPI", "MAX_FRAMES", "PANEL_COLUMNS", "STATIC_BUDGET_BYTES", "Interactive",
            "frame_png", "interactive"]

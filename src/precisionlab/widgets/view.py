@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import html
-import pickle
-from contextvars import ContextVar
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..plotting import rc_snapshot
+from ..plotting import copied_figure
 
-__all__ = ["FIGURE_WIDTH_IN", "TextPanel", "figure_copies", "figure_summary", "panel_html",
-           "view_figure"]
+__all__ = ["FIGURE_WIDTH_IN", "TextPanel", "figure_summary", "panel_html", "view_figure"]
 
 FIGURE_WIDTH_IN = 7.0  # a frame at FRAME_DPI = 100 is 700 px, the book's text column
 
@@ -43,10 +39,11 @@ def panel_html(panel) -> str:
     return f"<pre>{html.escape(str(panel))}</pre>"
 
 
-def _blank_figure(layout: tuple) -> tuple[Figure, object]:
+def _blank_figure(layout: tuple) -> Figure:
     width, height, nrows, ncols, sharex = layout
     fig = Figure(figsize=(width, height))
-    return fig, fig.subplots(nrows, ncols, sharex=sharex)
+    fig.subplots(nrows, ncols, sharex=sharex)
+    return fig
 
 
 def _as_subplots(axes: list, nrows: int, ncols: int):
@@ -58,44 +55,15 @@ def _as_subplots(axes: list, nrows: int, ncols: int):
     return grid.reshape(nrows, ncols).squeeze()
 
 
-# While figure_copies() is active: {layout: (rcParams snapshot, pickled blank figure)}. Set
-# only for the duration of one with-block (Interactive.frames), in this context alone.
-_BLANKS: ContextVar[dict | None] = ContextVar("precisionlab_blank_figures", default=None)
-
-
-@contextlib.contextmanager
-def figure_copies():
-    """Within the block, view_figure returns copies of a blank figure made once per layout.
-
-    Unpickling a blank Figure with its Axes takes a third to a half of the time of building one
-    (an Axes makes its spines, axes, ticks and grid lines from rcParams), and a view's frame
-    is drawn on it as on a new one (shared x axes stay shared): a copy is used only while
-    rcParams equal those the blank was made under; one blank per size and Axes grid. Used
-    by Interactive.frames, which calls one view many times.
-    """
-    token = _BLANKS.set({})
-    try:
-        yield
-    finally:
-        _BLANKS.reset(token)
-
-
 def view_figure(height: float, *, width: float = FIGURE_WIDTH_IN, nrows: int = 1,
                 ncols: int = 1, sharex: bool = False) -> tuple[Figure, object]:
     """A width x height inch figure and its Axes as Figure.subplots(nrows, ncols, sharex) gives them.
 
     One Axes by default; no pyplot, no global state.
     """
+    # Inside plotting.figure_copies (Interactive.frames) a copy of one blank per layout.
     layout = (float(width), float(height), nrows, ncols, sharex)
-    blanks = _BLANKS.get()
-    if blanks is None:
-        return _blank_figure(layout)
-    rc, blank = rc_snapshot(), blanks.get(layout)
-    if blank is None or blank[0] != rc:
-        fig, axes = _blank_figure(layout)
-        blanks[layout] = (rc, pickle.dumps(fig))
-        return fig, axes
-    fig = pickle.loads(blank[1])
+    fig = copied_figure(("view_figure", layout), lambda: _blank_figure(layout))
     return fig, _as_subplots(fig.axes, nrows, ncols)
 
 

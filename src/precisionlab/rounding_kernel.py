@@ -13,7 +13,9 @@ format whose emin is above float32's take a shorter route to the same bits
 (`_nearest_word_f32`: float32 addition rounds onto the subnormal grid), and into float16 on
 an x86-64 CPU with F16C the CPU's own conversion there and back (`_nearest_word_f16_hw`,
 where `hardware_half`); both are checked against the recipe on all 2^32 float32 patterns
-(``python tests/test_rounding_native.py --exhaustive``).
+(``python tests/test_rounding_native.py --exhaustive``). Rounded stochastically, such words
+take the recipe in 32-bit lanes (`_stochastic_word_f32`; checked the same way by
+``python tests/test_rounding_stochastic_kernel.py --exhaustive``).
 `word_params` gives the recipe's scalar arguments for a format in a container (`F32`,
 `F64`); the mode codes are the modes' positions in `rounding.MODES`. Which tier runs depends on the input's length
 alone (`emulate_into`, `emulate_mx_into`: what `rounding.round_to` calls).
@@ -216,6 +218,34 @@ def _nearest_word_f16_hw(v, x, max_bits, overflow_bits, inf_bits, nan_bits, exp_
                    sign_value, 0)
 
 
+def _stochastic_word_f32(v, rnd, shift_base, emin_b, qmin, max_bits, overflow_bits, inf_bits,
+                         nan_bits, exp_mask, sign_value):
+    """_round_word's stochastic bits for a float32 word v, in 32-bit lanes where it can be.
+
+    The same recipe for float32 words (P = 23): numba types integer arithmetic as int64, so
+    the generic word runs every lane 64 bits wide; here each step is cut back to int32 (LLVM
+    then packs 16 lanes per AVX-512 register, not 8) and the dropped-bits mask is a 32-bit
+    shift (`_shl32`). Only the tiny case needs the draw's 63 bits: its threshold
+    sig 2^(63 - sh) is computed as (sig 2^39) >> (sh - 24), the same integer for every
+    sh >= 24 (sig < 2^24, so a right shift of at most 39 drops only zeros, and a longer one
+    is the floor the recipe's right shift takes). About 1.3x the generic loop; held to it on
+    every float32 bit pattern (tests/test_rounding_stochastic_kernel.py).
+    """
+    i32 = np.int32
+    neg = v < 0
+    mag = i32(v & i32(0x7FFFFFFF))
+    big_e = i32(mag >> i32(23))
+    sh = i32(shift_base + max(i32(emin_b - max(big_e, i32(1))), i32(0)))
+    tiny = sh > i32(23)
+    mask = i32(_shl32(i32(1), min(sh, i32(23))) - i32(1))  # noqa: F821 - bound by _inline_helpers
+    r = i32(i32(mag + i32(i32(rnd) & mask)) & ~mask)  # i32(rnd): the draw's low 32 bits
+    sig = i32(i32(mag & i32(0x7FFFFF)) | (i32(0x800000) if big_e > i32(0) else i32(0)))
+    thr = (np.int64(sig) << np.int64(39)) >> np.int64(min(max(i32(sh - i32(24)), i32(0)), i32(63)))
+    r = (qmin if rnd < thr else i32(0)) if tiny else r
+    return _finish(r, mag, neg, max_bits, overflow_bits, inf_bits, nan_bits, exp_mask,
+                   sign_value, 5)
+
+
 def _deterministic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
                         overflow_bits, inf_bits, nan_bits, exp_mask, sign_value):
     """dst = bits of fl(src) in mode MODE (0-4); int32/int64 views of floats.
@@ -246,6 +276,16 @@ def _stochastic_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, m
         dst[i] = _round_word(WORD(src[i]), rnd, mant_bits, shift_base,  # noqa: F821
                              emin_b, qmin, half_qmin, max_bits, overflow_bits, inf_bits,
                              nan_bits, exp_mask, sign_value, 5)
+
+
+def _stochastic_f32_loop(src, dst, mant_bits, shift_base, emin_b, qmin, half_qmin, max_bits,
+                         overflow_bits, inf_bits, nan_bits, exp_mask, sign_value, seed):
+    """_stochastic_loop for float32 words and a format whose emin is above float32's, by
+    _stochastic_word_f32 (the same arguments; mant_bits and half_qmin unused)."""
+    for i in numba.prange(src.size):  # noqa: F821 - bound by numba_kernel's globals
+        rnd = np.int64(_splitmix64(np.uint64(seed) + np.uint64(i)) >> np.uint64(1))
+        dst[i] = _stochastic_word_f32(src[i], rnd, shift_base, emin_b, qmin, max_bits,
+                                      overflow_bits, inf_bits, nan_bits, exp_mask, sign_value)
 
 
 def _nearest_f32_loop(x, src, dst, shift_base, min_normal_bits, magic, max_bits,
@@ -284,8 +324,10 @@ _KERNELS: dict[tuple, Any] = {}  # compiled on first use
 
 
 def _bit_casts(numba):
-    """numba intrinsics: float32 bits as int32 (free: no instruction), and float32 through
-    binary16 and back (LLVM's fptrunc/fpext to half: F16C instructions where `hardware_half`)."""
+    """numba intrinsics: float32 bits as int32 (free: no instruction), float32 through
+    binary16 and back (LLVM's fptrunc/fpext to half: F16C instructions where `hardware_half`),
+    and an int32 shift left that stays 32 bits wide (numba's own `<<` widens to int64; the
+    caller keeps the count in 0..31, since LLVM leaves a longer shift undefined)."""
     from llvmlite import ir
     from numba.core import types as nt
     from numba.extending import intrinsic
@@ -305,7 +347,13 @@ def _bit_casts(numba):
             return b.fpext(b.fptrunc(args[0], ir.HalfType()), ir.FloatType())
         return nt.float32(nt.float32), codegen
 
-    return {"_float_bits": _float_bits, "_via_half": _via_half}
+    @intrinsic
+    def _shl32(typingctx, a, n):
+        if a != nt.int32 or n != nt.int32:
+            return None
+        return nt.int32(nt.int32, nt.int32), lambda ctx, b, sig, args: b.shl(args[0], args[1])
+
+    return {"_float_bits": _float_bits, "_via_half": _via_half, "_shl32": _shl32}
 
 
 def is_binary16(fmt: FloatFormat) -> bool:
@@ -349,7 +397,7 @@ def _inline_helpers() -> dict[str, Any]:
     inline = numba.njit(inline="always")
     jitted: dict[str, Any] = _bit_casts(numba)
     for fn in (_splitmix64, _increment, _finish, _round_word, _round_word_uniform,
-               _nearest_word_f32, _nearest_word_f16_hw):
+               _nearest_word_f32, _nearest_word_f16_hw, _stochastic_word_f32):
         jitted[fn.__name__] = inline(_twin(fn, fn.__name__, **jitted))
     return jitted
 
@@ -388,7 +436,7 @@ def runtime_mode(mode: int, c: Container) -> bool:
 
 
 def numba_kernel(mode: int, uniform: bool, parallel: bool, c: Container = F64,
-                 half: bool = False):
+                 half: bool = False, narrow: bool = True):
     """The numba build of one loop variant, compiled or loaded from numba's cache on first use.
 
     mode: a mode code (the loop is built for that mode alone, except where `runtime_mode`:
@@ -397,12 +445,16 @@ def numba_kernel(mode: int, uniform: bool, parallel: bool, c: Container = F64,
     to nearest even into a non-uniform format take `_nearest_f32_loop`, whose arguments are
     the float32 array, its int32 view, the output view and `nearest_params`; half=True
     builds `_nearest_f16_hw_loop` instead (the same arguments; float16 only, and only where
-    `hardware_half`).
+    `hardware_half`). Float32 words rounded stochastically into a non-uniform format take
+    `_stochastic_f32_loop` (32-bit lanes; the same arguments as `_stochastic_loop`), unless
+    narrow=False, which builds the generic `_stochastic_loop` (for the tests that hold one
+    to the other).
     """
     nearest32 = mode == NEAREST_EVEN and not uniform and c is F32
     half = half and nearest32
+    narrow = narrow and mode == STOCHASTIC and not uniform and c is F32
     runtime = runtime_mode(mode, c)
-    key = ("any" if runtime else mode, uniform, parallel, c.width, half)
+    key = ("any" if runtime else mode, uniform, parallel, c.width, half, narrow)
     if key not in _KERNELS:
         import numba
 
@@ -412,6 +464,8 @@ def numba_kernel(mode: int, uniform: bool, parallel: bool, c: Container = F64,
             loop, tag = _nearest_f16_hw_loop, ""
         elif nearest32:
             loop, tag = _nearest_f32_loop, ""
+        elif narrow:
+            loop, tag = _stochastic_f32_loop, ""
         elif mode == STOCHASTIC:
             loop, tag = _stochastic_loop, ""
         elif runtime:
@@ -424,7 +478,8 @@ def numba_kernel(mode: int, uniform: bool, parallel: bool, c: Container = F64,
         _KERNELS[key] = numba.njit(parallel=parallel, cache=True)(
             _twin(loop, name, numba=numba, _splitmix64=jitted["_splitmix64"], _round_word=word,
                   _nearest_word_f32=jitted["_nearest_word_f32"],
-                  _nearest_word_f16_hw=jitted["_nearest_word_f16_hw"], MODE=mode,
+                  _nearest_word_f16_hw=jitted["_nearest_word_f16_hw"],
+                  _stochastic_word_f32=jitted["_stochastic_word_f32"], MODE=mode,
                   WORD=word_type))
     return _KERNELS[key]
 

@@ -160,6 +160,8 @@ from precisionlab.rounding import round_to
 x = sample_patterns(1 << 16).view(np.float32)
 with np.errstate(all="ignore"):
     r = [round_to(x, "float16", saturate=s) for s in (False, True)]
+    r += [round_to(x, n, "stochastic", generator=np.random.default_rng(3))  # 32-bit lanes
+          for n in ("float16", "float8_e5m2")]
 print(hashlib.sha256(b"".join(a.tobytes() for a in r)).hexdigest())
 """
 
@@ -182,8 +184,9 @@ def test_float16_falls_back_where_numba_targets_are_set_even_empty(tmp_path):
     assert here.stdout.split()[-2] == digest
 
 
-def test_float16_rounds_to_the_same_bits_on_a_generic_numba_cpu(same_bits):
-    """NUMBA_CPU_NAME=generic (no F16C: the integer loop) and every dispatch level: one digest."""
+def test_float16_and_stochastic_rounding_give_the_same_bits_on_a_generic_numba_cpu(same_bits):
+    """NUMBA_CPU_NAME=generic (no F16C: the integer loop; SSE2's 4 lanes for the stochastic
+    loop's 32-bit steps) and every dispatch level: one digest."""
     program = _GENERIC_CPU_PROGRAM.format(tests=os.path.dirname(os.path.abspath(__file__)))
     same_bits(program, library_kernels=True)
 

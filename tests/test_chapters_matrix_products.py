@@ -93,3 +93,33 @@ def test_exact_fp8_matmul_on_wide_multiples_of_the_grain():
 def test_exact_fp8_matmul_refuses_bad_operands(a, b, match):
     with pytest.raises(ValueError, match=match):
         mp.exact_fp8_matmul(a, b)
+
+
+def test_a_short_run_stays_on_the_numpy_tier_and_a_long_one_compiles(monkeypatch):
+    """A replay of a few steps (the chapter's claim checks) pays no cold numba compile; the
+    replay tests above hold its bits to the stored runs, which ran compiled (600 steps)."""
+    from precisionlab.emulate import recipe_linear
+
+    class Built(Exception):
+        pass
+
+    made = []
+
+    def spy(*args, **kwargs):
+        made.append(kwargs["compiled"])
+        return recipe_linear.RecipeLinear(*args, **kwargs)
+
+    monkeypatch.setattr(mp, "RecipeLinear", spy)
+    task = mp.ThreeProductTask()
+    mp.train_three_products(task, "nvfp4", 2)
+    assert made == [False] * (len(task.widths) - 1)
+
+    def built(*args, **kwargs):  # record the long run's layers, then stop before training
+        made.append(kwargs["compiled"])
+        raise Built
+
+    made.clear()
+    monkeypatch.setattr(mp, "RecipeLinear", built)
+    with pytest.raises(Built):
+        mp.train_three_products(task, "nvfp4", 600)
+    assert made == [True]

@@ -107,3 +107,39 @@ def test_stochastic_rounding_picks_a_neighbour_and_is_unbiased():
         op(x)
     with pytest.raises(ValueError, match="Recipe"):
         Operand("bfloat16", stochastic=True)
+
+
+def _layer_run(compiled: bool):
+    """y, dx and dW of a layer with bfloat16 casts and NVFP4 stochastic rounding, 8192-value operands."""
+    x, w, dy = _data(5, t=128, i=64, o=64)
+    nv = RECIPES["nvfp4"]
+    r = LinearRecipe("mixed", Operand("bfloat16"), Operand(nv, stochastic=True),
+                     Operand(nv, stochastic=True), Operand("bfloat16", axis=0),
+                     Operand(nv, axis=0, stochastic=True), Operand("bfloat16", axis=0))
+    lay = RecipeLinear(w, r, seed=3, compiled=compiled)
+    xa = x.clone().requires_grad_(True)
+    y = lay(xa)
+    y.backward(dy)
+    return y, xa.grad, lay.weight.grad
+
+
+def test_a_layer_on_the_numpy_tier_gives_the_compiled_bits_and_builds_no_loop(monkeypatch):
+    """compiled=False: the layer's own bfloat16 casts and stochastic roundings stay on NumPy's
+    tier (the quantizers' nearest-even element roundings keep round_to's usual tiers)."""
+    from precisionlab import rounding_kernel
+
+    want = _layer_run(True)
+    real = rounding_kernel.numba_into
+
+    def refuse(a, src, dst, fmt, code, *rest):
+        if code == rounding_kernel.STOCHASTIC or fmt.name == "bfloat16":
+            raise AssertionError("compiled=False reached rounding's numba tier")
+        return real(a, src, dst, fmt, code, *rest)
+
+    monkeypatch.setattr(rounding_kernel, "numba_into", refuse)
+    got = _layer_run(False)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    with pytest.raises(AssertionError, match="numba tier"):
+        _layer_run(True)  # the spy is live: the compiled run does reach it
+    with pytest.raises(ValueError, match="compiled must be True or False; got compiled='no'"):
+        RecipeLinear(torch.ones(2, 2), LinearRecipe("float32"), compiled="no")

@@ -71,13 +71,16 @@ class Operand:
             raise ValueError("stochastic rounding needs a Recipe (its element format); "
                              f"got recipe={self.recipe!r}")
 
-    def __call__(self, t: torch.Tensor, generator: np.random.Generator | None = None) -> torch.Tensor:
-        """fl32 of the dequantized operand: q d per block (float32), t itself for None."""
+    def __call__(self, t: torch.Tensor, generator: np.random.Generator | None = None,
+                 compiled: bool = True) -> torch.Tensor:
+        """fl32 of the dequantized operand: q d per block (float32), t itself for None
+        (compiled=False: the bfloat16 cast and the stochastic rounding on rounding's NumPy
+        tier)."""
         t = t.detach().to(torch.float32)
         if self.recipe is None:
             return t
         if self.recipe == "bfloat16":
-            return round_to(t, "bfloat16")
+            return round_to(t, "bfloat16", compiled=compiled)
         moved = isinstance(self.recipe.block, int) and self.axis % t.dim() != t.dim() - 1
         src = t.movedim(self.axis, -1).contiguous() if moved else t
         q = self.recipe(src)
@@ -88,7 +91,8 @@ class Operand:
             d = dataclasses.replace(q, values=torch.ones_like(q.values)).dequantize()
             m = torch.where(d > 0, 1 / d, torch.zeros_like(d)).to(torch.float32)
             y = src * m  # one float32 product per element, as the nearest path does
-            v = round_to(y, self.recipe.elem, "stochastic", generator, saturate=True)
+            v = round_to(y, self.recipe.elem, "stochastic", generator, saturate=True,
+                         compiled=compiled)
             q = dataclasses.replace(q, values=torch.as_tensor(v, dtype=torch.float32))
         out = q.dequantize().to(torch.float32)
         return out.movedim(-1, self.axis).contiguous() if moved else out
@@ -113,31 +117,42 @@ class _RecipeLinearFn(torch.autograd.Function):
     """y = x^ W^^T; dx = dy^ W^ and dW = (R dy)^^T (R x)^, each operand quantized for its product."""
 
     @staticmethod
-    def forward(ctx, x, w, recipe, gen, signs):
+    def forward(ctx, x, w, recipe, gen, signs, compiled):
         ctx.save_for_backward(x.detach(), w.detach())
-        ctx.recipe, ctx.gen, ctx.signs = recipe, gen, signs
+        ctx.recipe, ctx.gen, ctx.signs, ctx.compiled = recipe, gen, signs, compiled
         with torch.no_grad():
-            return linear(recipe.x(x, gen), recipe.w(w, gen), None, "float32")
+            return linear(recipe.x(x, gen, compiled), recipe.w(w, gen, compiled), None,
+                          "float32")
 
     @staticmethod
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
-        r, gen = ctx.recipe, ctx.gen
+        r, gen, c = ctx.recipe, ctx.gen, ctx.compiled
         with torch.no_grad():
-            dx = linear(r.dgrad_dy(dy, gen), r.dgrad_w(w, gen).T.contiguous(), None, "float32")
+            dx = linear(r.dgrad_dy(dy, gen, c), r.dgrad_w(w, gen, c).T.contiguous(), None,
+                        "float32")
             xt, dyt = x, dy.detach().to(torch.float32)
             if r.hadamard:
                 xt, dyt = random_hadamard(xt, ctx.signs), random_hadamard(dyt, ctx.signs)
-            dw = linear(r.wgrad_dy(dyt, gen).T.contiguous(), r.wgrad_x(xt, gen).T.contiguous(),
-                        None, "float32")
-        return dx, dw, None, None, None
+            dw = linear(r.wgrad_dy(dyt, gen, c).T.contiguous(),
+                        r.wgrad_x(xt, gen, c).T.contiguous(), None, "float32")
+        return dx, dw, None, None, None, None
 
 
 class RecipeLinear(torch.nn.Module):
-    """y = x W^T (no bias) with its three products quantized by a LinearRecipe; float32 master weight."""
+    """y = x W^T (no bias) with its three products quantized by a LinearRecipe; float32 master weight.
 
-    def __init__(self, weight: torch.Tensor, recipe: LinearRecipe, *, seed: int = 0):
+    compiled=False keeps the layer's bfloat16 casts and stochastic roundings on rounding's
+    NumPy tier, for a run too short to pay back their cold numba compiles (the same bits
+    either way; the recipes' own nearest-even element roundings keep round_to's usual tiers).
+    """
+
+    def __init__(self, weight: torch.Tensor, recipe: LinearRecipe, *, seed: int = 0,
+                 compiled: bool = True):
         super().__init__()
+        if not isinstance(compiled, bool):
+            raise ValueError(f"compiled must be True or False; got compiled={compiled!r}")
+        self.compiled = compiled
         self.weight = torch.nn.Parameter(weight.detach().to(torch.float32).clone())
         self.recipe = recipe
         self.generator = np.random.default_rng(int(seed))  # stochastic rounding, in call order
@@ -146,4 +161,5 @@ class RecipeLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x W^T through the recipe's quantizers (x: (tokens, in), tokens a multiple of 16 for the Hadamard)."""
-        return _RecipeLinearFn.apply(x, self.weight, self.recipe, self.generator, self.signs)
+        return _RecipeLinearFn.apply(x, self.weight, self.recipe, self.generator, self.signs,
+                                     self.compiled)

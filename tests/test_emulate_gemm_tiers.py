@@ -46,21 +46,24 @@ def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
     return np.array_equal(x[~nan].view(word), y[~nan].view(word))
 
 
-def _operands(dtype):
+def _operands(dtype, wide: bool = False):
+    """(a, b) with edge values; wide: 256+ outputs (sequential_gemm's row-block route)."""
     width = 64 if dtype == np.float64 else 32
     values = st.one_of(st.sampled_from(EDGES32).map(dtype),
                        st.floats(width=width, allow_nan=True, allow_infinity=True,
                                  allow_subnormal=True))
-    dims = st.tuples(st.integers(0, 5), st.integers(0, 6), st.integers(0, 5))
+    side = st.integers(16, 20) if wide else st.integers(0, 5)
+    dims = st.tuples(side, st.integers(0, 6), side)
     return dims.flatmap(lambda d: st.tuples(
         hnp.arrays(dtype, (d[0], d[1]), elements=values),
         hnp.arrays(dtype, (d[1], d[2]), elements=values)))
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numpy_tier_and_compiled_loop_both_give_the_sequential_sum(dtype):
-    @settings(max_examples=300, deadline=None)
-    @given(_operands(dtype))
+def test_numpy_tier_and_compiled_loop_both_give_the_sequential_sum(dtype, wide):
+    @settings(max_examples=300 if not wide else 60, deadline=None)
+    @given(_operands(dtype, wide))
     def check(ab):
         a, b = ab
         want = _loop_oracle(a, b)
@@ -131,3 +134,67 @@ def test_matmul_and_linear_give_the_same_bits_on_both_sides_of_the_threshold(fmt
     large = run()
     for s, big in zip(small, large, strict=True):
         assert _same_bits(s, big)
+
+
+def _spy_gemm(monkeypatch) -> list:
+    """Record each call of the compiled loop (kernels.gemm, imported by _gemm when it runs)."""
+    calls = []
+    real = kernels.gemm
+    monkeypatch.setattr(kernels, "gemm", lambda a, b, out: calls.append(a.shape) or real(a, b, out))
+    return calls
+
+
+def test_a_planned_short_computation_runs_large_products_on_numpy(monkeypatch):
+    """Inside planned_products(work <= PRODUCTS_NUMPY_MAX) a product above GEMM_COMPILED_MIN
+    takes NumPy's tier with the loop's bits; an enclosing plan decides; none is left behind."""
+    gen = torch.Generator().manual_seed(4)
+    x, w = torch.randn(16, 64, generator=gen), torch.randn(64, 64, generator=gen)
+    assert 16 * 64 * 64 >= products.GEMM_COMPILED_MIN
+    calls = _spy_gemm(monkeypatch)
+    want = em.linear(x, w, None, "float16")
+    assert len(calls) == 1  # no plan: the product's own size decides
+    with em.planned_products(16 * 64 * 64):
+        got = em.linear(x, w, None, "float16")
+    assert len(calls) == 1 and torch.equal(got, want)
+    with em.planned_products(products.PRODUCTS_NUMPY_MAX + 1):  # a long run around a short one
+        with em.planned_products(1):
+            assert torch.equal(em.linear(x, w, None, "float16"), want)
+    assert len(calls) == 2
+    em.linear(x, w, None, "float16")  # the plans are gone
+    assert len(calls) == 3
+
+
+def test_one_probe_pass_pays_no_compile_and_a_training_run_keeps_the_loop(monkeypatch):
+    from precisionlab import underflow
+
+    calls = _spy_gemm(monkeypatch)
+    probe = underflow.probe_network(0.82, "float16", 24, 64, 16)
+    assert calls == []
+    underflow.train_probe(0.82, 24, "float16", steps=40)  # 40 passes: beyond the plan's limit
+    net = underflow.AttenuatingNet(24, 64, 0.82, "float16")
+    x, _ = underflow.make_batch(64, 16, "float16")
+    assert 40 * underflow.pass_products(net, x) > products.PRODUCTS_NUMPY_MAX
+    per_pass = 3 * 24 - 1  # the first layer's input gradient is not computed
+    assert len(calls) == 40 * per_pass
+    assert underflow.pass_products(net, x) == per_pass * 16 * 64 * 64
+    monkeypatch.setattr(products, "PRODUCTS_NUMPY_MAX", 0)  # the same probe on the loop
+    assert underflow.probe_network(0.82, "float16", 24, 64, 16).same_bits(probe)
+    assert len(calls) == 41 * per_pass
+
+
+def test_a_chapter_that_plots_and_scales_loads_no_numba():
+    """Chapter 5's imports and explorer: the widgets load their own file only, and emulate,
+    rl and plotting import numba when a compiled kernel first runs (0.7 s saved)."""
+    import subprocess
+    import sys
+
+    program = ("import sys\n"
+               "from precisionlab import emulate, mixed_precision, plotting, scaling, tables, "
+               "underflow, widgets\n"
+               "from precisionlab.chapters import scaling_runs\n"
+               "widgets.scaling_explorer\n"
+               "print(sorted(m for m in ('numba', 'llvmlite') if m in sys.modules))\n")
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[-2] == "[]", run.stdout

@@ -408,60 +408,64 @@ def compare_weight_policies(dtype: torch.dtype = torch.bfloat16, batch: int = 16
     x = emulate.randn(int(batch), 32, generator=gen)
     v = emulate.randn(int(batch), 32, generator=gen)
     f64 = emulate.Precision("float64", "float64")
-    y64, j64 = _emulated_block(block, x, v, f64, f64)
+    # The emulated blocks (the float64 reference, two per policy) come to a few hundred
+    # thousand multiply-adds: NumPy's tier, no cold compile of the product loop.
+    per_block = 2 * int(batch) * (block[0].weight.numel() + block[3].weight.numel())
+    with emulate.planned_products((1 + 2 * len(WEIGHT_POLICIES)) * per_block):
+        y64, j64 = _emulated_block(block, x, v, f64, f64)
 
-    def attempt(fn):
-        """(dtype, None, error) if fn raises torch's dtype RuntimeError, else (dtype, value, None)."""
-        try:
-            out = fn()
-        except RuntimeError as err:  # the dtype errors are what this comparison is about
-            return None, None, f"{type(err).__name__}: {str(err).splitlines()[0]}"
-        return str(out.dtype).removeprefix("torch."), out.detach(), None
+        def attempt(fn):
+            """(dtype, None, error) if fn raises torch's dtype RuntimeError, else (dtype, value, None)."""
+            try:
+                out = fn()
+            except RuntimeError as err:  # the dtype errors are what this comparison is about
+                return None, None, f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            return str(out.dtype).removeprefix("torch."), out.detach(), None
 
-    def autocast():
-        return torch.autocast("cpu", dtype=dtype)
+        def autocast():
+            return torch.autocast("cpu", dtype=dtype)
 
-    def no_autocast():
-        return torch.autocast("cpu", enabled=False)
+        def no_autocast():
+            return torch.autocast("cpu", enabled=False)
 
-    low = _cast_weights(block, dtype, keep_norms=False)
-    mixed = _cast_weights(block, dtype, keep_norms=True)
+        low = _cast_weights(block, dtype, keep_norms=False)
+        mixed = _cast_weights(block, dtype, keep_norms=True)
 
-    def run_native(model, inputs, ctx, jvp_ctx):
-        def fwd():
-            with ctx():
-                return model(inputs[0])
+        def run_native(model, inputs, ctx, jvp_ctx):
+            def fwd():
+                with ctx():
+                    return model(inputs[0])
 
-        def jvp():
-            with ctx(), jvp_ctx():
-                return torch.func.jvp(model, (inputs[0],), (inputs[1],))[1]
+            def jvp():
+                with ctx(), jvp_ctx():
+                    return torch.func.jvp(model, (inputs[0],), (inputs[1],))[1]
 
-        return attempt(fwd), attempt(jvp)
+            return attempt(fwd), attempt(jvp)
 
-    xl, vl = x.to(dtype), v.to(dtype)
-    cases = [
-        (block, (x, v), autocast, no_autocast),
-        (block, (x, v), autocast, contextlib.nullcontext),
-        (low, (x, v), contextlib.nullcontext, contextlib.nullcontext),
-        (low, (xl, vl), contextlib.nullcontext, contextlib.nullcontext),
-        (mixed, (x, v), autocast, contextlib.nullcontext),
-    ]
-    # The emulated plan of each policy for (forward, JVP): the block whose weights it uses, and
-    # whether the op runs under autocast (low precision) or in float32.
-    low_p, f32 = emulate.Precision(dtype_name), emulate.Precision("float32")
-    plans = [(block, (low_p, low_p), (f32, f32)), (block, (low_p, low_p), (low_p, low_p)),
-             None, None, (mixed, (low_p, low_p), (low_p, low_p))]
-    out = []
-    for name, case, plan in zip(WEIGHT_POLICIES, cases, plans, strict=True):
-        (fd, fy, fr), (jd, jy, jr) = run_native(*case)
-        if backend == "emulated" and plan is not None:
-            model, fwd_plan, jvp_plan = plan
-            ye, _ = _emulated_block(model, x, v, fwd_plan[0], f32)
-            _, je = _emulated_block(model, x, v, jvp_plan[0], f32)
-            fy = ye if fr is None else None
-            jy = je if jr is None else None
-            fd = fwd_plan[0].fmt if fr is None else None
-            jd = jvp_plan[0].fmt if jr is None else None
-        out.append(PolicyOutcome(name, fd, None if fy is None else _rel(fy, y64), fr,
-                                 jd, None if jy is None else _rel(jy, j64), jr))
-    return out
+        xl, vl = x.to(dtype), v.to(dtype)
+        cases = [
+            (block, (x, v), autocast, no_autocast),
+            (block, (x, v), autocast, contextlib.nullcontext),
+            (low, (x, v), contextlib.nullcontext, contextlib.nullcontext),
+            (low, (xl, vl), contextlib.nullcontext, contextlib.nullcontext),
+            (mixed, (x, v), autocast, contextlib.nullcontext),
+        ]
+        # The emulated plan of each policy for (forward, JVP): the block whose weights it uses, and
+        # whether the op runs under autocast (low precision) or in float32.
+        low_p, f32 = emulate.Precision(dtype_name), emulate.Precision("float32")
+        plans = [(block, (low_p, low_p), (f32, f32)), (block, (low_p, low_p), (low_p, low_p)),
+                 None, None, (mixed, (low_p, low_p), (low_p, low_p))]
+        out = []
+        for name, case, plan in zip(WEIGHT_POLICIES, cases, plans, strict=True):
+            (fd, fy, fr), (jd, jy, jr) = run_native(*case)
+            if backend == "emulated" and plan is not None:
+                model, fwd_plan, jvp_plan = plan
+                ye, _ = _emulated_block(model, x, v, fwd_plan[0], f32)
+                _, je = _emulated_block(model, x, v, jvp_plan[0], f32)
+                fy = ye if fr is None else None
+                jy = je if jr is None else None
+                fd = fwd_plan[0].fmt if fr is None else None
+                jd = jvp_plan[0].fmt if jr is None else None
+            out.append(PolicyOutcome(name, fd, None if fy is None else _rel(fy, y64), fr,
+                                     jd, None if jy is None else _rel(jy, j64), jr))
+        return out

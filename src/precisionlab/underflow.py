@@ -59,6 +59,7 @@ __all__ = [
     "layer_status",
     "make_batch",
     "measured_underflow_depth",
+    "pass_products",
     "predicted_underflow_depth",
     "probe_gradients",
     "probe_network",
@@ -418,6 +419,14 @@ def _stop_at_nonfinite(grad: torch.Tensor) -> None:
         raise _NonFinite
 
 
+def pass_products(net: AttenuatingNet, x: torch.Tensor) -> int:
+    """Multiply-adds of one forward and backward pass of net on x (what
+    `emulate.planned_products` is told): per layer h W^T forward and g^T h backward, and g W
+    for the layer's input gradient, which the first layer does not need."""
+    weights = [lin.weight.numel() for lin in net.layers]
+    return x.shape[0] * (3 * sum(weights) - weights[0])
+
+
 def probe_gradients(net: AttenuatingNet, x: torch.Tensor, t: torch.Tensor,
                     loss_scale: float = 1.0, flush_to_zero: bool = False) -> LayerGradients:
     """One pass of L = mean((net(x) - t)^2): layers in the network's Precision, L in float32 (as
@@ -430,7 +439,8 @@ def probe_gradients(net: AttenuatingNet, x: torch.Tensor, t: torch.Tensor,
     entry contributes nothing to the next layer's sums. The weights themselves are not flushed.
     """
     s = check_positive(loss_scale, "loss_scale")
-    return ForwardPass(net, x, t, flush_to_zero).backward(s)
+    with emulate.planned_products(pass_products(net, x)):  # one pass: NumPy's tier, no compile
+        return ForwardPass(net, x, t, flush_to_zero).backward(s)
 
 
 def probe_network(attenuation: float = 0.82, fmt="float32", depth: int = 96, width: int = 64,
@@ -496,11 +506,12 @@ def train_probe(attenuation: float = 0.82, depth: int = 96, fmt="float16", steps
         opt = emulate.SGD(net.parameters(), lr, prec=net.prec)
         update = opt.step
     losses, records = [], []
-    for _ in range(int(steps)):
-        rec = probe_gradients(net, x, t)
-        losses.append(rec.loss)
-        records.append(rec)
-        update()
+    with emulate.planned_products(int(steps) * pass_products(net, x)):  # all the steps' passes
+        for _ in range(int(steps)):
+            rec = probe_gradients(net, x, t)
+            losses.append(rec.loss)
+            records.append(rec)
+            update()
     return TrainingProbe(net.fmt, float(attenuation), np.array(losses), tuple(records))
 
 

@@ -44,7 +44,7 @@ from ..formats import get_format
 from ..quantize import RECIPES, DelayedScaling, Quantized, Recipe
 from ..quantize.choices import ELEMENT_FORMATS, check_format
 from ..quantize.grid import block_shape
-from ..underflow import AttenuatingNet, make_batch
+from ..underflow import AttenuatingNet, make_batch, pass_products
 
 __all__ = [
     "FORWARD_INPUT_RUNS",
@@ -125,11 +125,12 @@ def network_signals(attenuation: float = 0.82, depth: int = 96, width: int = 64,
     net = AttenuatingNet(depth, width, attenuation, "float32", seed)
     x, t = make_batch(width, batch, "float32", seed)
     outs, h = [], x
-    for lin in net.layers:
-        h = lin(h)
-        h.retain_grad()
-        outs.append(h)
-    emulate.mse_loss(h, t, "float32").backward()
+    with emulate.planned_products(pass_products(net, x)):  # one pass: NumPy's tier, no compile
+        for lin in net.layers:
+            h = lin(h)
+            h.retain_grad()
+            outs.append(h)
+        emulate.mse_loss(h, t, "float32").backward()
     return torch.stack([o.grad.detach() for o in outs[::-1]])
 
 

@@ -36,7 +36,8 @@ Files, one concept each (lowest first):
 * `sqnr`: `sqnr_db`, a quantized tensor's signal-to-noise ratio by the fixed-order sum;
 * `kernels`: the numba kernels, compiled twins of `elementary`, `summation`, `round_to` and
   the matmul loop (also used by `rl`'s fused policy forward);
-* `products`: the matrix products `matmul`, `linear`;
+* `products`: the matrix products `matmul`, `linear`, and `planned_products`, a block that
+  declares its products' work so that a short computation stays on NumPy's tier;
 * `activations`: `cast` and the elementwise ops `exp`, `log`, `tanh`, `sigmoid`, `gelu`, `silu`;
 * `norms`: `rms_norm`, `group_norm`;
 * `reductions`: `sum`, `mean`, `log_softmax`;
@@ -58,7 +59,7 @@ from .losses import mse_loss
 from .norms import group_norm, rms_norm
 from .optim import SGD, Adam
 from .precision import ACCUMULATORS, BACKENDS, Precision
-from .products import linear, matmul
+from .products import linear, matmul, planned_products
 from .quantize import fake_quantize
 from .quantized_linear import QuantizedLinear, quantize_input, quantized_linear
 from .reductions import log_softmax, mean, sum
@@ -89,6 +90,7 @@ __all__ = [
     "matmul",
     "mean",
     "mse_loss",
+    "planned_products",
     "quantize_input",
     "quantized_linear",
     "randn",

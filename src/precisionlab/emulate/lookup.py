@@ -5,8 +5,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .kernels import scatter_rows
-
 __all__ = ["embedding"]
 
 
@@ -21,6 +19,8 @@ class _Rows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
+        from .kernels import scatter_rows  # numba, imported on the first backward (0.7 s)
+
         (idx,) = ctx.saved_tensors
         out = np.zeros(tuple(ctx.shape), dtype=np.float64)
         scatter_rows(np.ascontiguousarray(idx.numpy(), dtype=np.int64),

@@ -2,34 +2,78 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import numpy as np
 import torch
 
-from .kernels import gemm
 from .precision import Precision, as_precision
 from .summation import fixed_sum
 
-__all__ = ["GEMM_COMPILED_MIN", "linear", "matmul", "sequential_gemm"]
+__all__ = ["GEMM_COMPILED_MIN", "PRODUCTS_NUMPY_MAX", "linear", "matmul", "planned_products",
+           "sequential_gemm"]
 
 # From this many products (m k n) on, a product runs the compiled loop (kernels.gemm); below
-# it NumPy's, the same bits without the loop's cold compile (about half a second per dtype).
+# it NumPy's, the same bits without the loop's cold compile (about half a second per dtype)
+# and without importing numba at all (kernels is imported on the first compiled product).
 GEMM_COMPILED_MIN = 1 << 15
+# A computation that declares its products (`planned_products`) and comes to at most this
+# many multiply-adds runs them all on NumPy's tier, however large each one: at 2-5 ns a
+# product there, 2^25 of them take about as long as the loop's cold compile (about 0.25 s a
+# dtype, and half a second more for numba's own start on the first kernel of a process).
+PRODUCTS_NUMPY_MAX = 1 << 25
+_PLAN: contextvars.ContextVar[bool | None] = contextvars.ContextVar("planned_products",
+                                                                      default=None)
+
+
+@contextlib.contextmanager
+def planned_products(work: int):
+    """A block whose matrix products come to about `work` multiply-adds (m k n, summed).
+
+    Up to PRODUCTS_NUMPY_MAX every product inside runs on NumPy's tier, so a computation too
+    short to pay back a cold compile of the loop never starts one; beyond it each product
+    takes its tier by its own size, as outside any plan (GEMM_COMPILED_MIN). The same bits
+    either way. Plans nest: the outermost, which knows the most of the work, decides (a
+    training loop of many passes keeps the loop for each pass, which alone would not). The
+    plan is the block's own (a context variable), never left behind for later calls.
+    """
+    if _PLAN.get() is not None:
+        yield
+        return
+    token = _PLAN.set(int(work) <= PRODUCTS_NUMPY_MAX)
+    try:
+        yield
+    finally:
+        _PLAN.reset(token)
 
 
 def sequential_gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """kernels.gemm(a, b, out)'s result with NumPy: (m, k) @ (k, n) in a's dtype, k in order.
 
-    Each product a[i, p] b[p, j] is rounded once to the dtype, and np.add.accumulate adds
-    them left to right, one rounding per sum, as the loop does from 0. The loop's first sum,
-    0 + a[i, 0] b[0, j], turns a product of -0 into +0; a sum that starts at the first product
-    differs from it only there, by the sign of a zero, which the final + 0.0 gives as the
-    loop does (x + 0.0 is x for every other x). Memory: m k n values.
+    Each product a[i, p] b[p, j] is rounded once to the dtype and each sum once (no fused
+    multiply-add), from 0 as the loop adds. With 256 or more outputs, the loop's own
+    operations a whole block of outputs at a time: acc = 0, then acc = acc + a[:, p] b[p, :]
+    for each p (k NumPy calls, about 2 ns a product). With fewer, where k calls would cost
+    more than the arithmetic, all m k n products at once and np.add.accumulate along k; a sum
+    that starts at the first product rather than at 0 differs from the loop's only when that
+    product is -0 (0 + -0 is +0), which the final + 0.0 gives as the loop does (x + 0.0 is x
+    for every other x). Memory: m k n values.
     """
-    if a.shape[1] == 0:
-        return np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype)
+    m, k = a.shape
+    n = b.shape[1]
     with np.errstate(all="ignore"):  # overflow to inf and inf - inf = NaN, as the loop
-        prods = a[:, :, None] * b[None, :, :]
-        return np.add.accumulate(prods, axis=1)[:, -1, :] + a.dtype.type(0.0)
+        if m * n < 256:
+            if k == 0:
+                return np.zeros((m, n), dtype=a.dtype)
+            prods = a[:, :, None] * b[None, :, :]
+            return np.add.accumulate(prods, axis=1)[:, -1, :] + a.dtype.type(0.0)
+        acc = np.zeros((m, n), dtype=a.dtype)
+        prod = np.empty_like(acc)
+        for p in range(k):
+            np.multiply(a[:, p, None], b[p], out=prod)
+            np.add(acc, prod, out=acc)
+    return acc
 
 
 def _gemm(a: torch.Tensor, b: torch.Tensor, prec: Precision) -> torch.Tensor:
@@ -37,8 +81,11 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, prec: Precision) -> torch.Tensor:
     dt = np.float64 if prec.accumulate == "float64" else np.float32
     an = np.ascontiguousarray(a.detach().cpu().numpy(), dtype=dt)
     bn = np.ascontiguousarray(b.detach().cpu().numpy(), dtype=dt)
-    if an.shape[0] * an.shape[1] * bn.shape[1] < GEMM_COMPILED_MIN:  # k = 0 among them
+    small = an.shape[0] * an.shape[1] * bn.shape[1] < GEMM_COMPILED_MIN  # k = 0 among them
+    if small or _PLAN.get():
         return torch.from_numpy(sequential_gemm(an, bn))
+    from .kernels import gemm  # numba: imported here, by the first product that needs it
+
     out = np.empty((an.shape[0], bn.shape[1]), dtype=dt)
     gemm(an, bn, out)  # sets each output to 0 before its sum
     return torch.from_numpy(out)

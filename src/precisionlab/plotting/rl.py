@@ -10,7 +10,6 @@ import torch
 from matplotlib.axes import Axes
 
 from ..formats import get_format
-from ..rl import CLIP_CLASSES, classify_clipping
 from ..rounding import ulp
 from .style import PALETTE, get_axes, legend_outside
 
@@ -27,6 +26,10 @@ _CLIP_COLORS = {
 def plot_phantom_strip(alpha, beta, adv, eps_low: float = 0.2, eps_high: float = 0.2,
                        *, seed: int = 0, ax: Axes | None = None) -> Axes:
     """Tokens placed by ratio exp(alpha + beta) and by the clean exp(alpha), coloured by clip class, dead zones shaded."""
+    # rl is imported here, not with plotting: its engine compiles numba kernels (0.7 s to
+    # import numba), which the chapters that only plot need not load.
+    from ..rl import CLIP_CLASSES, classify_clipping
+
     ax = get_axes(ax)
     rng = np.random.default_rng(seed)  # the vertical jitter of the dots
     alpha, beta, adv = (np.asarray(v, dtype=np.float64) for v in (alpha, beta, adv))

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from ..checks import check_choice, check_count
-from ..emulate import kernels as K
 from ..rounding import round_to
 from .forward import fused_logprobs, kernel_weights, policy_logprobs, rounded_params
 from .gathered import gathered_log_softmax
@@ -59,9 +58,11 @@ def sample_tokens(logp: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     """One token per row by inverse CDF: the first v with sum_{u<=v} p_u > U * sum_u p_u, U ~ U[0, 1)."""
     # p_u = exp64(logp_u) in float64, summed left to right, and U a float64 draw from
     # `generator` (continuing its stream): the same U picks the same token on every machine.
+    from ..emulate.kernels import inverse_cdf  # numba: imported by the first draw (0.7 s)
+
     u = torch.rand(logp.shape[0], generator=generator, dtype=torch.float64)
     out = np.empty(logp.shape[0], np.int64)
-    K.inverse_cdf(np.ascontiguousarray(logp.detach().float().numpy()), u.numpy(), out)
+    inverse_cdf(np.ascontiguousarray(logp.detach().float().numpy()), u.numpy(), out)
     return torch.from_numpy(out)
 
 

@@ -19,54 +19,46 @@ check their input and call the package's plain functions. Files, one concept eac
 * `phantom` (chapter 6): phantom clipping in a short GRPO run;
 * `allclose` (chapter 7): a matmul's bounds and verdicts with an injected bug;
 * `blocks` (chapter 9): what a block scale keeps of activations with outlier channels.
+
+Each name below is imported from its file on first use (`__getattr__`), so a chapter loads its
+own explorer only: chapter 5's does not bring chapter 7's interval engine, chapter 6's RL
+engine or numba, which cost it about half a second to import.
 """
 
-from .allclose import ALLCLOSE_GRID, allclose_explorer, allclose_view
-from .bits import BIT_GRID, bit_explorer, bit_view
-from .blocks import BLOCK_GRID, block_explorer, block_view
-from .crossing import CROSSING_GRID, crossing_explorer, crossing_view
-from .frames import MAX_FRAMES, PANEL_COLUMNS, STATIC_BUDGET_BYTES, Interactive, interactive
-from .phantom import PHANTOM_GRID, phantom_explorer, phantom_view
-from .reduction import REDUCTION_GRID, reduction_data, reduction_explorer, reduction_view
-from .scaling import SCALING_GRID, scaling_explorer, scaling_view
-from .underflow import UNDERFLOW_GRID, underflow_explorer, underflow_view
-from .view import TextPanel
-from .world import WORLD_GRID, world_explorer, world_scenes, world_view
+from __future__ import annotations
 
-__all__ = [
-    "ALLCLOSE_GRID",
-    "BIT_GRID",
-    "BLOCK_GRID",
-    "CROSSING_GRID",
-    "MAX_FRAMES",
-    "PANEL_COLUMNS",
-    "PHANTOM_GRID",
-    "REDUCTION_GRID",
-    "SCALING_GRID",
-    "STATIC_BUDGET_BYTES",
-    "UNDERFLOW_GRID",
-    "WORLD_GRID",
-    "Interactive",
-    "TextPanel",
-    "allclose_explorer",
-    "allclose_view",
-    "bit_explorer",
-    "bit_view",
-    "block_explorer",
-    "block_view",
-    "crossing_explorer",
-    "crossing_view",
-    "interactive",
-    "phantom_explorer",
-    "phantom_view",
-    "reduction_data",
-    "reduction_explorer",
-    "reduction_view",
-    "scaling_explorer",
-    "scaling_view",
-    "underflow_explorer",
-    "underflow_view",
-    "world_explorer",
-    "world_scenes",
-    "world_view",
-]
+import importlib
+
+# Each public name -> the file that defines it; the files themselves are reachable too
+# (widgets.underflow.network_probe).
+_HOMES: dict[str, str] = {
+    **dict.fromkeys(("ALLCLOSE_GRID", "allclose_explorer", "allclose_view"), "allclose"),
+    **dict.fromkeys(("BIT_GRID", "bit_explorer", "bit_view"), "bits"),
+    **dict.fromkeys(("BLOCK_GRID", "block_explorer", "block_view"), "blocks"),
+    **dict.fromkeys(("CROSSING_GRID", "crossing_explorer", "crossing_view"), "crossing"),
+    **dict.fromkeys(("MAX_FRAMES", "PANEL_COLUMNS", "STATIC_BUDGET_BYTES", "Interactive",
+                     "interactive"), "frames"),
+    **dict.fromkeys(("PHANTOM_GRID", "phantom_explorer", "phantom_view"), "phantom"),
+    **dict.fromkeys(("REDUCTION_GRID", "reduction_data", "reduction_explorer",
+                     "reduction_view"), "reduction"),
+    **dict.fromkeys(("SCALING_GRID", "scaling_explorer", "scaling_view"), "scaling"),
+    **dict.fromkeys(("UNDERFLOW_GRID", "underflow_explorer", "underflow_view"), "underflow"),
+    "TextPanel": "view",
+    **dict.fromkeys(("WORLD_GRID", "world_explorer", "world_scenes", "world_view"), "world"),
+}
+_FILES = frozenset({*_HOMES.values(), "figure_json"})
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    """A public name from its file, or one of the files, imported now (once: Python keeps it)."""
+    if name in _FILES:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _HOMES:
+        return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_FILES})

@@ -14,7 +14,7 @@ Every element draws SplitMix64(seed + i), so the same seed drives all three; the
 are held to an independent oracle in test_rounding_stochastic.py. The suite checks a sample
 (every exponent with mantissas at each boundary, plus random patterns) for a few seeds;
 ``python tests/test_rounding_stochastic_kernel.py --exhaustive`` checks all 2^32 patterns
-against the generic loop (about a minute per format).
+against the generic loop (about 25 s per format).
 """
 
 from __future__ import annotations

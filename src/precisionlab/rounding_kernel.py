@@ -223,9 +223,10 @@ def _stochastic_word_f32(v, rnd, shift_base, emin_b, qmin, max_bits, overflow_bi
     """_round_word's stochastic bits for a float32 word v, in 32-bit lanes where it can be.
 
     The same recipe for float32 words (P = 23): numba types integer arithmetic as int64, so
-    the generic word runs every lane 64 bits wide; here each step is cut back to int32 (LLVM
-    then packs 16 lanes per AVX-512 register, not 8) and the dropped-bits mask is a 32-bit
-    shift (`_shl32`). Only the tiny case needs the draw's 63 bits: its threshold
+    the generic word runs every lane 64 bits wide (16 lanes in two AVX-512 registers); here
+    the shift, mask, add and clear steps are cut back to int32, 16 lanes in one register, and
+    the dropped-bits mask is a 32-bit shift (`_shl32`). The SplitMix64 draw stays 64-bit, and
+    so does the tiny case, which needs the draw's 63 bits: its threshold
     sig 2^(63 - sh) is computed as (sig 2^39) >> (sh - 24), the same integer for every
     sh >= 24 (sig < 2^24, so a right shift of at most 39 drops only zeros, and a longer one
     is the floor the recipe's right shift takes). About 1.3x the generic loop; held to it on

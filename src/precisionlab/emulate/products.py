@@ -34,9 +34,12 @@ def planned_products(work: int):
     Up to PRODUCTS_NUMPY_MAX every product inside runs on NumPy's tier, so a computation too
     short to pay back a cold compile of the loop never starts one; beyond it each product
     takes its tier by its own size, as outside any plan (GEMM_COMPILED_MIN). The same bits
-    either way. Plans nest: the outermost, which knows the most of the work, decides (a
+    either way (a NaN's sign aside: `sequential_gemm`), and on every machine the same tier
+    for the same computation. Plans nest: the outermost, which knows the most of the work, decides (a
     training loop of many passes keeps the loop for each pass, which alone would not). The
-    plan is the block's own (a context variable), never left behind for later calls.
+    plan is the block's own (a context variable), never left behind for later calls; a
+    backward pass run inside the block sees it (CPU autograd runs on the calling thread),
+    one run after the block does not.
     """
     if _PLAN.get() is not None:
         yield
@@ -54,11 +57,14 @@ def sequential_gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     Each product a[i, p] b[p, j] is rounded once to the dtype and each sum once (no fused
     multiply-add), from 0 as the loop adds. With 256 or more outputs, the loop's own
     operations a whole block of outputs at a time: acc = 0, then acc = acc + a[:, p] b[p, :]
-    for each p (k NumPy calls, about 2 ns a product). With fewer, where k calls would cost
-    more than the arithmetic, all m k n products at once and np.add.accumulate along k; a sum
-    that starts at the first product rather than at 0 differs from the loop's only when that
-    product is -0 (0 + -0 is +0), which the final + 0.0 gives as the loop does (x + 0.0 is x
-    for every other x). Memory: m k n values.
+    for each p (k NumPy calls, about 2 ns a product; memory 2 m n values). With fewer, where
+    k calls would cost more than the arithmetic, all m k n products at once (memory m k n
+    values) and np.add.accumulate along k; a sum that starts at the first product rather than
+    at 0 differs from the loop's only when that product is -0 (0 + -0 is +0), which the final
+    + 0.0 gives as the loop does (x + 0.0 is x for every other x).
+    The same bits as the loop, except a NaN's sign and payload where two NaNs meet: x86's
+    addition returns its first operand's NaN, NumPy's add keeps the running sum's, and the
+    compiled loop's operand order is LLVM's (the tests compare NaN with NaN).
     """
     m, k = a.shape
     n = b.shape[1]

@@ -68,7 +68,7 @@ def rounded(values, digits: int = DIGITS) -> list:
     """values as a list of floats kept to `digits` significant digits; NaN and inf as None."""
     a = np.asarray(values, dtype=np.float64).ravel()
     out = [float(s) for s in np.char.mod(f"%.{digits}g", a)]
-    return [v if np.isfinite(v) else None for v in out]
+    return [v if math.isfinite(v) else None for v in out]
 
 
 def axis_digits(lim, px: float, scale: str) -> int:

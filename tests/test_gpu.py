@@ -302,6 +302,37 @@ def test_atomic_orders_are_uniform_permutations():
     assert chi2 < 60  # 23 degrees of freedom: P(chi2 > 60) < 1e-4
 
 
+def _fisher_yates_oracle(u: np.ndarray) -> np.ndarray:
+    """The documented swaps in plain Python: per lane, i with i + floor(u[l, i] (m - i))."""
+    lanes, m = u.shape
+    out = np.empty((lanes, m), dtype=np.int32)
+    for lane in range(lanes):
+        row = list(range(m))
+        for i in range(m - 1):
+            j = min(i + int(u[lane, i] * (m - i)), m - 1)
+            row[i], row[j] = row[j], row[i]
+        out[lane] = row
+    return out
+
+
+@pytest.mark.parametrize("lanes, m", [(1, 1), (3, 2), (7, 5), (40, 33), (64, 1024), (65, 1024)])
+def test_both_shuffles_make_the_documented_swaps(lanes, m):
+    """The NumPy steps (short permutations, no numba) and the compiled loop (longer ones) give
+    the same permutations; u near 1 (j clipped to m - 1) and exactly 0 included."""
+    from precisionlab.gpu import reductions
+
+    u = np.random.default_rng(m).random((lanes, m))
+    u[:, ::3] = np.nextafter(1.0, 0.0)
+    u[:, 1::5] = 0.0
+    want = _fisher_yates_oracle(u)
+    for shuffle in (reductions._fisher_yates_numpy, reductions._fisher_yates_kernel()):
+        got = np.empty((lanes, m), dtype=np.int32)
+        shuffle(u, got)
+        assert np.array_equal(got, want), shuffle
+    tier = "numpy" if lanes * m <= reductions.FISHER_YATES_NUMPY_MAX else "compiled"
+    assert tier == ("compiled" if lanes == 65 else "numpy")
+
+
 def test_stochastic_mode_lands_on_a_neighbour_of_the_exact_sum():
     a, b = 1.0, 2.0**-12  # 1 + 2^-12 lies a quarter of the way from 1 to 1 + 2^-10 in float16
     x = np.broadcast_to(np.array([a, b]), (40_000, 2))

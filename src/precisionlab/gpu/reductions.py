@@ -27,9 +27,9 @@ register does); zero padding of partial blocks adds +0, which changes no sum.
 
 from __future__ import annotations
 
+import functools
 import math
 
-import numba
 import numpy as np
 
 from ..checks import check_choice, check_positive_int
@@ -55,8 +55,7 @@ _SHUFFLE_OFFSETS = (16, 8, 4, 2, 1)
 # --------------------------------------------------------------------------- kernels
 
 
-@numba.njit(cache=True)
-def _fisher_yates(u, out):
+def _fisher_yates(u, out):  # pragma: no cover - compiled (`_fisher_yates_kernel`)
     """out[l] = a random permutation of 0..m-1: swap i with j = i + floor(u[l, i] * (m - i)).
 
     u holds uniform [0, 1) float64 draws; floor(u * k) is uniform on 0..k-1 up to a bias
@@ -72,6 +71,34 @@ def _fisher_yates(u, out):
             t = row[i]
             row[i] = row[j]
             row[j] = t
+
+
+@functools.cache
+def _fisher_yates_kernel():
+    """_fisher_yates compiled by numba (or loaded from its cache), numba imported, on first use."""
+    import numba  # only long permutations need it (0.7 s to import, a cold compile 0.2 s)
+
+    return numba.njit(cache=True)(_fisher_yates)
+
+
+# Up to this many entries in all (lanes x m), the swaps run as NumPy steps over all lanes at
+# once (the same swaps in the same order; m - 1 steps, about 30 ns an entry, 2 ms for the
+# most): a chapter that draws only a few short orders then needs no numba at all, where the
+# loop (about 1 ns an entry) would first cost numba's import and a cold compile, near a
+# second. Larger draws take the loop.
+FISHER_YATES_NUMPY_MAX = 1 << 16
+
+
+def _fisher_yates_numpy(u, out):
+    """_fisher_yates as m - 1 NumPy steps, each swapping position i of every lane at once."""
+    lanes, m = u.shape
+    out[:] = np.arange(m, dtype=out.dtype)
+    rows = np.arange(lanes)
+    for i in range(m - 1):
+        j = np.minimum(i + (u[:, i] * (m - i)).astype(np.int64), m - 1)
+        t = out[:, i].copy()
+        out[:, i] = out[rows, j]
+        out[rows, j] = t
 
 
 def _gather_transposed(src, perms, out):
@@ -99,7 +126,9 @@ def _order_chunks(lanes: int, m: int, generator: np.random.Generator):
     for l0 in progress(range(0, lanes, step), lanes * m, "drawing atomic orders"):
         rows = min(step, lanes - l0)
         perms = np.empty((rows, m), dtype=np.int32)
-        _fisher_yates(generator.random((rows, m)), perms)
+        small = rows * m <= FISHER_YATES_NUMPY_MAX
+        shuffle = _fisher_yates_numpy if small else _fisher_yates_kernel()
+        shuffle(generator.random((rows, m)), perms)
         yield l0, perms
 
 

@@ -34,6 +34,37 @@ def test_floor_by_hand():
     assert got == pytest.approx(1 / (0.99 * (1 - 2 * u)) - 1, rel=1e-12)
 
 
+_EDGES = [0.0, -0.0, 1.0, -1.0, 1e-310, -1e-310, 1.2e-38, 3e38, -3e38, math.inf, -math.inf,
+          math.nan, 0.99, 1.01, 2.0**-126, 2.0**-149]
+
+
+@pytest.mark.parametrize("ref_dtype", [np.float32, np.float64])
+def test_the_numpy_floor_gives_the_compiled_loops_value(ref_dtype):
+    """Small checks take NumPy's twin of the loop (no numba); both give the same float on
+    bounds and references drawn from the edges (zeros, subnormals, infinities, NaN, bounds
+    through zero, references outside), one entry or many, every format's constants."""
+    from precisionlab.diagnose import floors
+
+    rng = np.random.default_rng(0)
+    kernel = floors._floor_kernel()
+
+    def pick(n):
+        return np.where(rng.random(n) < 0.5, rng.choice(_EDGES, n),
+                        rng.standard_normal(n) * 10.0 ** rng.integers(-40, 5, n))
+
+    for trial in range(3000):
+        n = int(rng.integers(1, 9)) if trial % 3 else int(rng.integers(1, 200))
+        a, b, r = pick(n), pick(n), pick(n).astype(ref_dtype)
+        lo, hi = np.minimum(a, b), np.maximum(a, b)
+        if trial % 2:  # mostly inside: the floor is then a minimum over terms, not 0
+            r = np.clip(r, lo, hi).astype(ref_dtype)
+        for fmt in ("float32", "bfloat16", "float16", "float64"):
+            w, tiny = floors._constants(fmt)
+            want = kernel(lo, hi, r, w, tiny)
+            got = floors._floor_numpy(lo, hi, r, w, tiny)
+            assert (math.isnan(got) and math.isnan(want)) or got == want, (lo, hi, r, fmt)
+
+
 def test_floor_edge_cases():
     z = np.zeros(3)
     assert math.isnan(detection_floor(z - 1, z + 1, z, "float32"))  # nothing a scaling changes

@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 import math
 
-import numba
 import numpy as np
 
 from ..formats import get_format
@@ -46,8 +45,13 @@ from ..formats import get_format
 __all__ = ["detection_floor", "format_floor", "widest", "worst_floor"]
 
 
-@numba.njit(cache=True, error_model="numpy")
-def _floor(lo, hi, ref, w, tiny):  # pragma: no cover - compiled
+# Up to this many entries a floor is computed by NumPy (`_floor_numpy`, the loop's own
+# operations on whole arrays: a chapter that checks a small model then needs no numba);
+# above, by the compiled loop (numba imported and the loop compiled on first use).
+FLOOR_NUMPY_MAX = 1 << 15
+
+
+def _floor(lo, hi, ref, w, tiny):  # pragma: no cover - compiled (`_floor_kernel`)
     """`detection_floor` over C-contiguous 1-D arrays (w = 2u, tiny = smallest normal)."""
     up = np.inf
     down = np.inf
@@ -78,6 +82,36 @@ def _floor(lo, hi, ref, w, tiny):  # pragma: no cover - compiled
                 up = d
     if not seen:
         return np.nan
+    f = up if up > down else down
+    return f if f > 0 else 0.0
+
+
+@functools.cache
+def _floor_kernel():
+    """_floor compiled by numba (or loaded from its cache), numba imported, on first use."""
+    import numba  # only outputs of more than FLOOR_NUMPY_MAX entries need it (0.7 s to import)
+
+    return numba.njit(cache=True, error_model="numpy")(_floor)
+
+
+def _floor_numpy(lo, hi, ref, w, tiny) -> float:
+    """_floor with whole-array NumPy operations: each term the loop's float64 expression, the
+    minimum over them (exact), NaN terms skipped as the loop's comparisons skip them."""
+    with np.errstate(all="ignore"):  # inf - inf, x / 0: the loop's IEEE results, unwarned
+        r = ref.astype(np.float64)
+        finite = r - r == 0  # NaN and +-inf give no evidence
+        if ((r < lo) | (r > hi))[finite].any():
+            return 0.0
+        pos, neg = finite & (r > 0), finite & (r < 0)
+        if not (pos | neg).any():
+            return math.nan
+        m = np.where(pos, r, -r)
+        near, far = np.where(pos, lo, -hi), np.where(pos, hi, -lo)
+        big = (pos | neg) & (m >= tiny)
+        d_down = (1.0 - m / (far * (1.0 + w)))[big & (far - far == 0)]
+        d_up = (m / (near * (1.0 - w)) - 1.0)[big & (near >= tiny) & (near - near == 0)]
+    down = float(np.min(d_down[~np.isnan(d_down)], initial=np.inf))
+    up = float(np.min(d_up[~np.isnan(d_up)], initial=np.inf))
     f = up if up > down else down
     return f if f > 0 else 0.0
 
@@ -121,7 +155,8 @@ def detection_floor(lo: np.ndarray, hi: np.ndarray, ref: np.ndarray, fmt: str) -
     if not np.size(ref):
         return math.nan
     r = ref if ref.dtype in (np.float32, np.float64) else ref.astype(np.float64)
-    return float(_floor(_flat64(lo), _flat64(hi), np.ascontiguousarray(r).reshape(-1), w, tiny))
+    floor = _floor_numpy if np.size(ref) <= FLOOR_NUMPY_MAX else _floor_kernel()
+    return float(floor(_flat64(lo), _flat64(hi), np.ascontiguousarray(r).reshape(-1), w, tiny))
 
 
 def _flat64(a: np.ndarray) -> np.ndarray:

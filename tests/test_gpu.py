@@ -315,10 +315,10 @@ def _fisher_yates_oracle(u: np.ndarray) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("lanes, m", [(1, 1), (3, 2), (7, 5), (40, 33), (64, 1024), (65, 1024)])
+@pytest.mark.parametrize("lanes, m", [(1, 1), (3, 2), (1, 9), (7, 5), (40, 33), (64, 1024)])
 def test_both_shuffles_make_the_documented_swaps(lanes, m):
     """The NumPy steps (short permutations, no numba) and the compiled loop (longer ones) give
-    the same permutations; u near 1 (j clipped to m - 1) and exactly 0 included."""
+    the oracle's permutations; u at 0 (j = i) and just below 1 (j = m - 1) included."""
     from precisionlab.gpu import reductions
 
     u = np.random.default_rng(m).random((lanes, m))
@@ -329,8 +329,26 @@ def test_both_shuffles_make_the_documented_swaps(lanes, m):
         got = np.empty((lanes, m), dtype=np.int32)
         shuffle(u, got)
         assert np.array_equal(got, want), shuffle
-    tier = "numpy" if lanes * m <= reductions.FISHER_YATES_NUMPY_MAX else "compiled"
-    assert tier == ("compiled" if lanes == 65 else "numpy")
+
+
+@pytest.mark.parametrize("lanes, m", [(300, 7), (100, 512), (2, 513), (200, 400)])
+def test_atomic_orders_take_each_tier_by_size_with_the_same_orders(monkeypatch, lanes, m):
+    """atomic_orders through both tiers: NumPy for at most 512 entries a permutation and 2^16
+    in all, the loop beyond; forcing either tier gives the same orders."""
+    from precisionlab.gpu import reductions
+
+    used = []
+    real = reductions._fisher_yates_numpy
+    monkeypatch.setattr(reductions, "_fisher_yates_numpy",
+                        lambda u, out: used.append("numpy") or real(u, out))
+    auto = atomic_orders(lanes, m, seed=5)
+    small = m <= 512 and lanes * m <= 1 << 16
+    assert used == (["numpy"] if small else [])
+    monkeypatch.setattr(reductions, "FISHER_YATES_NUMPY_MAX", 0)
+    assert np.array_equal(atomic_orders(lanes, m, seed=5), auto)
+    monkeypatch.setattr(reductions, "FISHER_YATES_NUMPY_MAX", 1 << 40)
+    monkeypatch.setattr(reductions, "FISHER_YATES_NUMPY_MAX_M", 1 << 40)
+    assert np.array_equal(atomic_orders(lanes, m, seed=5), auto)
 
 
 def test_stochastic_mode_lands_on_a_neighbour_of_the_exact_sum():

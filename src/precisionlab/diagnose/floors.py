@@ -140,8 +140,10 @@ def detection_floor(lo: np.ndarray, hi: np.ndarray, ref: np.ndarray, fmt: str) -
     -------
     float
         The floor: 0 when a reference value is already outside; NaN when every reference
-        value is zero, NaN or infinite (no scaling changes them); inf when no entry can show
-        a scaling (each is below the format's smallest normal, or its bound reaches zero).
+        value is zero, NaN or infinite (no scaling changes them); inf when in one of the two
+        directions no entry can show a scaling (each is below the format's smallest normal,
+        or the end of its bound that would have to pass it is below it or infinite: lo = 0.5,
+        hi = inf, r = 1 has no floor for a scaling down).
 
     Examples
     --------
@@ -171,7 +173,7 @@ def worst_floor(checks) -> object | None:
 
 
 def format_floor(f: float) -> str:
-    """A floor in words: "3.9e-03 (2^-8.0)", "no scaling at all" for inf."""
+    """A floor in words: "3.9e-03 (2^-8.0)", "any scaling" for inf, "0" for 0."""
     if math.isinf(f):
         return "any scaling"
     if f <= 0:

@@ -81,11 +81,14 @@ def _fisher_yates_kernel():
     return numba.njit(cache=True)(_fisher_yates)
 
 
-# Up to this many entries in all (lanes x m), the swaps run as NumPy steps over all lanes at
-# once (the same swaps in the same order; m - 1 steps, about 30 ns an entry, 2 ms for the
-# most): a chapter that draws only a few short orders then needs no numba at all, where the
-# loop (about 1 ns an entry) would first cost numba's import and a cold compile, near a
-# second. Larger draws take the loop.
+# Draws of at most FISHER_YATES_NUMPY_MAX_M entries per permutation and FISHER_YATES_NUMPY_MAX
+# in all (lanes x m) run the swaps as NumPy steps over all lanes at once (the same swaps in the
+# same order): m - 1 steps of 5-8 us each plus about 30 ns an entry, a few milliseconds at
+# most, so a chapter that draws only a few short orders needs no numba at all, where the loop
+# (about 1 ns an entry) would first cost numba's import and a cold compile, near a second.
+# Longer or larger draws take the loop (few lanes of a long permutation would cost NumPy's
+# per-step overhead m times: 1 x 65536 entries take half a second there).
+FISHER_YATES_NUMPY_MAX_M = 512
 FISHER_YATES_NUMPY_MAX = 1 << 16
 
 
@@ -126,7 +129,7 @@ def _order_chunks(lanes: int, m: int, generator: np.random.Generator):
     for l0 in progress(range(0, lanes, step), lanes * m, "drawing atomic orders"):
         rows = min(step, lanes - l0)
         perms = np.empty((rows, m), dtype=np.int32)
-        small = rows * m <= FISHER_YATES_NUMPY_MAX
+        small = m <= FISHER_YATES_NUMPY_MAX_M and rows * m <= FISHER_YATES_NUMPY_MAX
         shuffle = _fisher_yates_numpy if small else _fisher_yates_kernel()
         shuffle(generator.random((rows, m)), perms)
         yield l0, perms

@@ -86,6 +86,18 @@ def integer_nearest_loop(x: np.ndarray, name: str, saturate: bool) -> np.ndarray
     return out
 
 
+def mismatches(words: np.ndarray, results: dict, ref: np.ndarray, what: str) -> list[str]:
+    """One line per result that differs from ref: how many patterns, and the first of them."""
+    bad = []
+    for label, r in results.items():
+        diff = np.flatnonzero(r != ref)
+        if diff.size:
+            i = diff[0]
+            bad.append(f"{what}: {label} differs from the reference on {diff.size} patterns,"
+                       f" first {words[i]:#010x}: {r[i]:#010x} vs {ref[i]:#010x}")
+    return bad
+
+
 def compare(words: np.ndarray, name: str, saturate: bool | None = None) -> list[str]:
     """The computations on float32 patterns `words`; a description of each mismatch.
 
@@ -109,14 +121,7 @@ def compare(words: np.ndarray, name: str, saturate: bool | None = None) -> list[
         results["integer float32 loop"] = integer_nearest_loop(x, name, saturate)
     if sat is not None and name in NATIVE and bool(sat) == saturate:
         results["native"] = round_to(x, fmt, backend="native", saturate=saturate).view(np.uint32)
-    bad = []
-    for label, r in results.items():
-        diff = np.flatnonzero(r != kernel)
-        if diff.size:
-            i = diff[0]
-            bad.append(f"{name}: {label} differs from the float32 kernel on {diff.size} patterns,"
-                       f" first {words[i]:#010x}: {r[i]:#010x} vs {kernel[i]:#010x}")
-    return bad
+    return mismatches(words, results, kernel, f"{name} (reference: the float32 kernel)")
 
 
 @pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")

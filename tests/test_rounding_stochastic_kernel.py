@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 import pytest
-from test_rounding_native import CHUNK, KERNEL_ONLY, sample_patterns
+from test_rounding_native import CHUNK, KERNEL_ONLY, mismatches, sample_patterns
 
 from precisionlab import rounding_kernel as rk
 from precisionlab.formats import get_format
@@ -52,15 +52,8 @@ def compare(words: np.ndarray, name: str, seed: int, saturate: bool = False,
     if numpy:
         results["numpy"] = np.empty_like(src)
         rk.numpy_words(src, results["numpy"], *params, rk.STOCHASTIC, seed, False)
-    bad = []
     ref = results.pop("32-bit lanes")
-    for label, r in results.items():
-        diff = np.flatnonzero(r != ref)
-        if diff.size:
-            i = diff[0]
-            bad.append(f"{name} seed {seed}: {label} differs from the 32-bit lanes on {diff.size}"
-                       f" patterns, first {words[i]:#010x}: {r[i]:#010x} vs {ref[i]:#010x}")
-    return bad
+    return mismatches(words, results, ref, f"{name} seed {seed} (reference: the 32-bit lanes)")
 
 
 @pytest.mark.parametrize("name", NARROW)

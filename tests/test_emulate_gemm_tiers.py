@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from precisionlab import emulate as em
+from precisionlab import plan
 from precisionlab.emulate import kernels, products
 
 EDGES32 = [0.0, -0.0, 1e-45, -1e-45, 1.1754942e-38, 3.4e38, -3.4e38, float("inf"),
@@ -156,7 +157,7 @@ def test_a_planned_short_computation_runs_large_products_on_numpy(monkeypatch):
     with em.planned_products(16 * 64 * 64):
         got = em.linear(x, w, None, "float16")
     assert len(calls) == 1 and torch.equal(got, want)
-    with em.planned_products(products.PRODUCTS_NUMPY_MAX + 1):  # a long run around a short one
+    with em.planned_products(plan.PRODUCTS_NUMPY_MAX + 1):  # a long run around a short one
         with em.planned_products(1):
             assert torch.equal(em.linear(x, w, None, "float16"), want)
     assert len(calls) == 2
@@ -173,11 +174,11 @@ def test_one_probe_pass_pays_no_compile_and_a_training_run_keeps_the_loop(monkey
     underflow.train_probe(0.82, 24, "float16", steps=40)  # 40 passes: beyond the plan's limit
     net = underflow.AttenuatingNet(24, 64, 0.82, "float16")
     x, _ = underflow.make_batch(64, 16, "float16")
-    assert 40 * underflow.pass_products(net, x) > products.PRODUCTS_NUMPY_MAX
+    assert 40 * underflow.pass_products(net, x) > plan.PRODUCTS_NUMPY_MAX
     per_pass = 3 * 24 - 1  # the first layer's input gradient is not computed
     assert len(calls) == 40 * per_pass
     assert underflow.pass_products(net, x) == per_pass * 16 * 64 * 64
-    monkeypatch.setattr(products, "PRODUCTS_NUMPY_MAX", 0)  # the same probe on the loop
+    monkeypatch.setattr(plan, "PRODUCTS_NUMPY_MAX", 0)  # the same probe on the loop
     assert underflow.probe_network(0.82, "float16", 24, 64, 16).same_bits(probe)
     assert len(calls) == 41 * per_pass
 

@@ -40,6 +40,7 @@ import torch
 from .checks import check_choice
 from .exact import as_float64
 from .formats import FORMATS, get_format
+from .plan import numpy_planned
 from .rounding_kernel import (
     DOWN,
     NEAREST_AWAY,
@@ -227,7 +228,8 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
         False keeps the emulated recipe on its NumPy tier at any length, never compiling a
         numba loop: cheaper for a one-off rounding of up to a few million values from a cold
         cache (NumPy takes about 15 ns a value, a cold compile a second or more). The same
-        bits either way.
+        bits either way. Inside a short `planned_products` block (`precisionlab.plan`) every
+        call takes the NumPy tier, as with False.
 
     Returns
     -------
@@ -274,6 +276,7 @@ def round_to(x, fmt, mode: str = "nearest_even", generator: np.random.Generator 
     check_choice(backend, "backend", BACKENDS)
     if not isinstance(compiled, bool):
         raise ValueError(f"compiled must be True or False; got compiled={compiled!r}")
+    compiled = compiled and not numpy_planned()  # a short computation's plan: no compile
     if code == STOCHASTIC and not isinstance(generator, np.random.Generator):
         raise ValueError(
             "stochastic rounding needs generator=np.random.default_rng(seed), "

@@ -200,8 +200,9 @@ class AttenuatingNet(torch.nn.Module):
         # Built in float64 with elementwise arithmetic only, then rounded once to the format:
         # every format stores the same network, on every CPU.
         q, z = _initial_draws(L, n, int(seed))
-        self.layers = torch.nn.ModuleList(
-            [emulate.Linear(a * q[i], bias_std * z[i], self.prec) for i in range(L)])
+        with emulate.planned_products(L * n * n):  # L n^2 weights rounded once: no compile
+            self.layers = torch.nn.ModuleList(
+                [emulate.Linear(a * q[i], bias_std * z[i], self.prec) for i in range(L)])
 
     @property
     def depth(self) -> int:
@@ -425,6 +426,7 @@ def pass_products(net: AttenuatingNet, x: torch.Tensor) -> int:
     for the layer's input gradient, which the first layer does not need."""
     weights = [lin.weight.numel() for lin in net.layers]
     return x.shape[0] * (3 * sum(weights) - weights[0])
+
 
 
 def probe_gradients(net: AttenuatingNet, x: torch.Tensor, t: torch.Tensor,

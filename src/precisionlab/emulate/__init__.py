@@ -36,8 +36,9 @@ Files, one concept each (lowest first):
 * `sqnr`: `sqnr_db`, a quantized tensor's signal-to-noise ratio by the fixed-order sum;
 * `kernels`: the numba kernels, compiled twins of `elementary`, `summation`, `round_to` and
   the matmul loop (also used by `rl`'s fused policy forward);
-* `products`: the matrix products `matmul`, `linear`, and `planned_products`, a block that
-  declares its products' work so that a short computation stays on NumPy's tier;
+* `planned_products` (from `precisionlab.plan`): a block that declares its products' work so
+  that a short computation's products and roundings stay on NumPy's tier (no cold compile);
+* `products`: the matrix products `matmul` and `linear`;
 * `activations`: `cast` and the elementwise ops `exp`, `log`, `tanh`, `sigmoid`, `gelu`, `silu`;
 * `norms`: `rms_norm`, `group_norm`;
 * `reductions`: `sum`, `mean`, `log_softmax`;
@@ -51,6 +52,7 @@ Files, one concept each (lowest first):
   and `quantize_input`, which quantizes a constant input once for many calls.
 """
 
+from ..plan import planned_products
 from .activations import cast, exp, gelu, log, sigmoid, silu, tanh
 from .elementary import exp64, log64
 from .layers import Linear
@@ -59,7 +61,7 @@ from .losses import mse_loss
 from .norms import group_norm, rms_norm
 from .optim import SGD, Adam
 from .precision import ACCUMULATORS, BACKENDS, Precision
-from .products import linear, matmul, planned_products
+from .products import linear, matmul
 from .quantize import fake_quantize
 from .quantized_linear import QuantizedLinear, quantize_input, quantized_linear
 from .reductions import log_softmax, mean, sum

@@ -2,53 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
 import numpy as np
 import torch
 
+from ..plan import numpy_planned
 from .precision import Precision, as_precision
 from .summation import fixed_sum
 
-__all__ = ["GEMM_COMPILED_MIN", "PRODUCTS_NUMPY_MAX", "linear", "matmul", "planned_products",
-           "sequential_gemm"]
+__all__ = ["GEMM_COMPILED_MIN", "linear", "matmul", "sequential_gemm"]
 
 # From this many products (m k n) on, a product runs the compiled loop (kernels.gemm); below
 # it NumPy's, the same bits without the loop's cold compile (about half a second per dtype)
 # and without importing numba at all (kernels is imported on the first compiled product).
 GEMM_COMPILED_MIN = 1 << 15
-# A computation that declares its products (`planned_products`) and comes to at most this
-# many multiply-adds runs them all on NumPy's tier, however large each one: at 2-5 ns a
-# product there, 2^25 of them take about as long as the loop's cold compile (about 0.25 s a
-# dtype, and half a second more for numba's own start on the first kernel of a process).
-PRODUCTS_NUMPY_MAX = 1 << 25
-_PLAN: contextvars.ContextVar[bool | None] = contextvars.ContextVar("planned_products",
-                                                                      default=None)
-
-
-@contextlib.contextmanager
-def planned_products(work: int):
-    """A block whose matrix products come to about `work` multiply-adds (m k n, summed).
-
-    Up to PRODUCTS_NUMPY_MAX every product inside runs on NumPy's tier, so a computation too
-    short to pay back a cold compile of the loop never starts one; beyond it each product
-    takes its tier by its own size, as outside any plan (GEMM_COMPILED_MIN). The same bits
-    either way (a NaN's sign aside: `sequential_gemm`), and on every machine the same tier
-    for the same computation. Plans nest: the outermost, which knows the most of the work, decides (a
-    training loop of many passes keeps the loop for each pass, which alone would not). The
-    plan is the block's own (a context variable), never left behind for later calls; a
-    backward pass run inside the block sees it (CPU autograd runs on the calling thread),
-    one run after the block does not.
-    """
-    if _PLAN.get() is not None:
-        yield
-        return
-    token = _PLAN.set(int(work) <= PRODUCTS_NUMPY_MAX)
-    try:
-        yield
-    finally:
-        _PLAN.reset(token)
 
 
 def sequential_gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -88,7 +54,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, prec: Precision) -> torch.Tensor:
     an = np.ascontiguousarray(a.detach().cpu().numpy(), dtype=dt)
     bn = np.ascontiguousarray(b.detach().cpu().numpy(), dtype=dt)
     small = an.shape[0] * an.shape[1] * bn.shape[1] < GEMM_COMPILED_MIN  # k = 0 among them
-    if small or _PLAN.get():
+    if small or numpy_planned():
         return torch.from_numpy(sequential_gemm(an, bn))
     from .kernels import gemm  # numba: imported here, by the first product that needs it
 

@@ -358,7 +358,7 @@ def _gn_tangent64(z: torch.Tensor, dz: torch.Tensor, groups: int, weight, eps: f
     zg, dg = z.double().reshape(n, groups, -1), dz.double().reshape(n, groups, -1)
     m = zg.shape[-1]
     d = zg - emulate.fixed_sum(zg, -1, keepdim=True) / m
-    r = 1.0 / torch.sqrt(emulate.fixed_sum(d * d, -1, keepdim=True) / m + eps)
+    r = 1.0 / emulate.sqrt64(emulate.fixed_sum(d * d, -1, keepdim=True) / m + eps)
     xhat = d * r
     dd = dg - emulate.fixed_sum(dg, -1, keepdim=True) / m
     t = (r * (dd - xhat * (emulate.fixed_sum(xhat * dd, -1, keepdim=True) / m))).reshape(z.shape)
@@ -388,7 +388,7 @@ def _rel(out: torch.Tensor, exact: torch.Tensor) -> float:
     """|out - exact| / |exact| (Frobenius norms), with float64 sums in a fixed order."""
     d = (out.detach().double() - exact.double()).reshape(-1)
     e = exact.double().reshape(-1)
-    return float(torch.sqrt(emulate.fixed_sum(d * d, 0)) / torch.sqrt(emulate.fixed_sum(e * e, 0)))
+    return float(emulate.sqrt64(emulate.fixed_sum(d * d, 0)) / emulate.sqrt64(emulate.fixed_sum(e * e, 0)))
 
 
 def compare_weight_policies(dtype: torch.dtype = torch.bfloat16, batch: int = 16,

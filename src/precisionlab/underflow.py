@@ -35,7 +35,7 @@ import torch
 
 from . import emulate
 from .checks import check_choice, check_positive
-from .emulate import BACKENDS, Precision, exp64, fixed_sum, log64
+from .emulate import BACKENDS, Precision, exp64, fixed_sum, log64, sqrt64
 from .formats import FloatFormat, get_format
 from .tables import Table, show
 
@@ -156,7 +156,7 @@ def orthonormal_columns(a: torch.Tensor) -> torch.Tensor:
     v = a.to(torch.float64).clone()
     for j in range(v.shape[-1]):
         col = v[..., :, j]
-        col = col / torch.sqrt(fixed_sum(col * col, -1)).unsqueeze(-1)
+        col = col / sqrt64(fixed_sum(col * col, -1)).unsqueeze(-1)
         v[..., :, j] = col
         if j + 1 < v.shape[-1]:
             rest = v[..., :, j + 1:]
@@ -270,7 +270,7 @@ class GradientStats:
     def of(cls, tensors: Sequence[torch.Tensor]) -> GradientStats:
         """Statistics of tensors listed from the input layer to the last (stored reversed, by depth)."""
         gt = torch.stack([t.detach().to(torch.float64) for t in tensors[::-1]]).flatten(1)
-        norm = torch.sqrt(fixed_sum(gt * gt, -1)).numpy()  # fixed order: same bits everywhere
+        norm = sqrt64(fixed_sum(gt * gt, -1)).numpy()  # fixed order, IEEE root: same bits everywhere
         g = gt.numpy()
         mag = np.abs(g)
         return cls(

@@ -29,8 +29,8 @@ an emulated op: fusion could drop the rounding steps.
 Files, one concept each (lowest first):
 
 * `precision`: `Precision` (format F, accumulator, back end) and `as_precision`;
-* `elementary`: the one portable exp and log (`exp64`, `log64`) and tanh, sigmoid,
-  cos(2 pi u), 2^n built on them, in float64, with their coefficients;
+* `elementary`: the one portable exp, log and sqrt (`exp64`, `log64`, `sqrt64`) and tanh,
+  sigmoid, cos(2 pi u), 2^n built on them, in float64, with their coefficients;
 * `summation`: `fixed_sum`, the fixed pairwise tree every reduction uses;
 * `sampling`: `randn`, the one portable normal sampler (Box-Muller, two uniforms a sample);
 * `sqnr`: `sqnr_db`, a quantized tensor's signal-to-noise ratio by the fixed-order sum;
@@ -54,7 +54,7 @@ Files, one concept each (lowest first):
 
 from ..plan import planned_products
 from .activations import cast, exp, gelu, log, sigmoid, silu, tanh
-from .elementary import exp64, log64
+from .elementary import exp64, log64, sqrt64
 from .layers import Linear
 from .lookup import embedding
 from .losses import mse_loss
@@ -100,6 +100,7 @@ __all__ = [
     "sigmoid",
     "silu",
     "sqnr_db",
+    "sqrt64",
     "sum",
     "tanh",
 ]

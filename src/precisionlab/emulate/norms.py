@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .elementary import sqrt64
 from .precision import as_precision
 from .summation import fixed_sum, sum_over
 
@@ -16,7 +17,7 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, eps, prec):
         xr = prec.round(x).to(torch.float64)
-        r = 1.0 / torch.sqrt(fixed_sum(xr * xr, -1, keepdim=True) / xr.shape[-1] + eps)
+        r = 1.0 / sqrt64(fixed_sum(xr * xr, -1, keepdim=True) / xr.shape[-1] + eps)
         ctx.save_for_backward(xr, r)
         ctx.prec = prec
         return prec.round(xr * r)
@@ -46,7 +47,7 @@ def _group_stats64(x: torch.Tensor, groups: int, eps: float):
     xg = x.reshape(x.shape[0], groups, -1)
     m = xg.shape[-1]
     d = xg - fixed_sum(xg, -1, keepdim=True) / m
-    r = 1.0 / torch.sqrt(fixed_sum(d * d, -1, keepdim=True) / m + eps)
+    r = 1.0 / sqrt64(fixed_sum(d * d, -1, keepdim=True) / m + eps)
     return d * r, r
 
 

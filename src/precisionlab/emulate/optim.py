@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
+from .elementary import sqrt64
 from .precision import as_precision
 
 __all__ = ["SGD", "Adam"]
@@ -146,4 +147,4 @@ class Adam(_Optimizer):
                 st["v"].copy_(v)
                 m_hat = m.to(torch.float64) / (1 - b1**t)
                 v_hat = v.to(torch.float64) / (1 - b2**t)
-                p.copy_(p_.round(p.to(torch.float64) - lr * m_hat / (torch.sqrt(v_hat) + eps)))
+                p.copy_(p_.round(p.to(torch.float64) - lr * m_hat / (sqrt64(v_hat) + eps)))

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .elementary import cos2pi64, log64
+from .elementary import cos2pi64, log64, sqrt64
 
 __all__ = ["randn"]
 
@@ -23,5 +23,5 @@ def randn(*shape: int, generator: torch.Generator, dtype: torch.dtype = torch.fl
         raise ValueError(f"dtype must be torch.float32 or torch.float64; got dtype={dtype!r}")
     n = math.prod(shape)
     u = torch.rand(2, n, generator=generator, dtype=torch.float64)
-    z = torch.sqrt(-2.0 * log64(1.0 - u[0])) * cos2pi64(u[1])
+    z = sqrt64(-2.0 * log64(1.0 - u[0])) * cos2pi64(u[1])
     return z.reshape(shape).to(dtype)

@@ -24,7 +24,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) 
     # float64, fixed pairwise sums and IEEE sqrt: the same advantages on every machine.
     r = rewards.reshape(-1, group_size).to(torch.float64)
     d = r - E.fixed_sum(r, 1, keepdim=True) / group_size
-    std = torch.sqrt(E.fixed_sum(d * d, 1, keepdim=True) / (group_size - 1))
+    std = E.sqrt64(E.fixed_sum(d * d, 1, keepdim=True) / (group_size - 1))
     return (d / (std + eps)).reshape(-1).to(rewards.dtype)
 
 

@@ -6,6 +6,7 @@ lines say which chapter. Concepts never import this package (tests/test_layers.p
 ``widgets`` and the notebooks do. Modules are imported by name, for example
 ``from precisionlab.chapters import quantize_runs``:
 
+* ``underflow_runs`` -- chapter 4: its training probes, stored and replayed;
 * ``scaling_runs`` -- chapters 4 and 5: a loss scaler in front of chapter 4's network, the
   AMP training loop, the scaler's decisions as a table;
 * ``rl_findings`` -- chapter 6: the verdict rules on the source study's findings, the

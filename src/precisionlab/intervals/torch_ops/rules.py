@@ -376,8 +376,10 @@ def _r_relu(rec, get, fmt):
 
 def _r_sqrt(rec, get, fmt):
     """sqrt(x), 0.5 ulp. torch's CPU root is MKL's (x86 wheels), faithful but not correctly
-    rounded (0.53 eps |y| off in float32 on an AVX-512 Intel Xeon): still inside, since the
-    ends are rounded outward in the internal format and a faithful root lies between them."""
+    rounded (0.53 eps |y| off in float32 on an AVX-512 Intel Xeon): still inside. In float32
+    (and the 16-bit formats, computed in it) the ends are rounded outward onto the format's
+    grid, and a faithful root lies between the two neighbours of the exact one; in float64
+    the 2^-44 relative slack `_mono` adds is far wider than an ulp."""
     x = get(rec.args[0])
     y = _mono(mk(np.maximum(x.lo, 0), np.maximum(x.hi, 0)), torch.sqrt)
     return [nan_where(finish(y, fmt, 0.5), _negative(x))]

@@ -6,7 +6,8 @@ evidence of which layers stop learning, and took about 2 s of its cold start; co
 once, they are stored whole (the losses and each step's per-layer gradient statistics) in
 data/ch4_train_probes.json and .npz with the command and the versions. The arithmetic is
 precisionlab.emulate's, so the stored bits are the same on every machine: chapter 4's hidden
-cell re-runs the first two steps of each, tests/test_chapters_underflow_runs.py all of them.
+cell re-runs the first step of each (the pass on the initial weights),
+tests/test_chapters_underflow_runs.py all eight steps, the updates included.
 
 Run (from the repository root):
 

@@ -64,6 +64,7 @@ __all__ = [
     "probe_gradients",
     "probe_network",
     "train_probe",
+    "train_probe_arguments",
     "zero_counts",
 ]
 
@@ -472,15 +473,30 @@ class TrainingProbe:
         return np.stack([s.stats(which).norm for s in self.steps])
 
 
+def train_probe_arguments(attenuation, depth, fmt, steps, lr, width, batch, seed, backend,
+                          master) -> dict:
+    """train_probe's arguments checked (ValueError naming a bad one) and in one form each: what
+    the run depends on, so that equal dicts mean the same run (chapters.underflow_runs' key)."""
+    if isinstance(steps, bool) or int(steps) != steps or steps < 1:
+        raise ValueError(f"steps must be a positive integer; got steps={steps!r}")
+    if not isinstance(master, (bool, np.bool_)):
+        raise ValueError(f"master must be True or False; got master={master!r}")
+    for name, v in (("depth", depth), ("width", width)):
+        if isinstance(v, (bool, str)) or int(v) != v or v < 1:
+            raise ValueError(f"{name} must be a positive integer; got {name}={v!r}")
+    check_choice(backend, "backend", BACKENDS)
+    return {"attenuation": check_positive(attenuation, "attenuation"), "depth": int(depth),
+            "fmt": _network_format(fmt), "steps": int(steps), "lr": check_positive(lr, "lr"),
+            "width": int(width), "batch": int(batch), "seed": int(seed), "backend": str(backend),
+            "master": bool(master)}
+
+
 def train_probe(attenuation: float = 0.82, depth: int = 96, fmt="float16", steps: int = 10,
                 lr: float = 0.1, width: int = 64, batch: int = 16, seed: int = 0,
                 backend: str = "emulated", master: bool = False) -> TrainingProbe:
     """Plain SGD, w <- fl(w - lr·g), with weights, activations and gradients all stored in fmt;
     master=True keeps float32 master weights instead: m <- fl32(m - lr·g), w = fl_fmt(m)."""
-    if int(steps) != steps or steps < 1:
-        raise ValueError(f"steps must be a positive integer; got steps={steps!r}")
-    if not isinstance(master, (bool, np.bool_)):
-        raise ValueError(f"master must be True or False; got master={master!r}")
+    train_probe_arguments(attenuation, depth, fmt, steps, lr, width, batch, seed, backend, master)
     lr = check_positive(lr, "lr")
     net = AttenuatingNet(depth, width, attenuation, fmt, seed, backend)
     x, t = make_batch(width, batch, fmt, seed)

@@ -6,14 +6,16 @@ about 2 s of a cold start (Python's share of 25,000 emulated operations), so the
 computed once by `scripts/ch4_train_probes.py` and stored whole in
 data/ch4_train_probes.json and .npz: the losses and every step's per-layer gradient
 statistics. `train_probe` takes `underflow.train_probe`'s arguments and returns the stored
-run where the file holds one with exactly those arguments, else runs it now; the chapter's
-hidden cell re-runs the first steps of each and compares every bit, and
-tests/test_chapters_underflow_runs.py re-runs all of them. The arithmetic is
+run where the file holds one with exactly those arguments (checked and put in one form by
+`underflow.train_probe_arguments`), else runs it now, a fresh copy either way. The chapter's
+hidden cell re-runs the first step of each (the pass on the initial weights) and compares
+every bit; tests/test_chapters_underflow_runs.py re-runs all eight, the updates included. The arithmetic is
 precisionlab.emulate's, so the stored bits are every machine's.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 from functools import lru_cache
@@ -21,31 +23,26 @@ from pathlib import Path
 
 import numpy as np
 
-from ..formats import get_format
-from ..underflow import LayerGradients, TrainingProbe
+from ..underflow import LayerGradients, TrainingProbe, train_probe_arguments
 from ..underflow import train_probe as run_train_probe
 
 __all__ = ["CHAPTER_RUNS", "STORED_TRAIN_PROBES", "load_train_probes", "run_key", "same_probe",
            "save_train_probes", "stored_train_probes", "train_probe"]
 
 STORED_TRAIN_PROBES = "ch4_train_probes.json"  # in data/, written by scripts/ch4_train_probes.py
-_DEFAULTS = {"attenuation": 0.82, "depth": 96, "fmt": "float16", "steps": 10, "lr": 0.1,
-             "width": 64, "batch": 16, "seed": 0, "backend": "emulated", "master": False}
-# The chapter's three runs (underflow.train_probe's keyword arguments).
+_SIGNATURE = inspect.signature(run_train_probe)
+# The chapter's three runs, as it calls underflow.train_probe (the rest its defaults).
 CHAPTER_RUNS: tuple[dict, ...] = tuple(
-    {**_DEFAULTS, "fmt": fmt, "steps": 8, "master": master}
+    {"attenuation": 0.82, "depth": 96, "fmt": fmt, "steps": 8, "lr": 0.1, "seed": 0,
+     **({"master": True} if master else {})}
     for fmt, master in (("float32", False), ("float16", False), ("float16", True)))
 
 
-def run_key(kwargs: dict) -> tuple:
-    """A run's arguments as a hashable, normalised key (format by registry name, numbers as floats)."""
-    k = {**_DEFAULTS, **kwargs}
-    if set(k) != set(_DEFAULTS):
-        raise ValueError(f"unknown train_probe arguments {sorted(set(k) - set(_DEFAULTS))}; valid "
-                         f"choices: {', '.join(_DEFAULTS)}")
-    return (float(k["attenuation"]), int(k["depth"]), get_format(k["fmt"]).name, int(k["steps"]),
-            float(k["lr"]), int(k["width"]), int(k["batch"]), int(k["seed"]), str(k["backend"]),
-            bool(k["master"]))
+def run_key(*args, **kwargs) -> tuple:
+    """underflow.train_probe's arguments (its defaults filled in), checked and in one form, as a key."""
+    bound = _SIGNATURE.bind(*args, **kwargs)  # TypeError for an unknown or missing argument
+    bound.apply_defaults()
+    return tuple(train_probe_arguments(**bound.arguments).items())
 
 
 def save_train_probes(path, runs: list[tuple[dict, TrainingProbe]], meta: dict) -> None:
@@ -53,7 +50,7 @@ def save_train_probes(path, runs: list[tuple[dict, TrainingProbe]], meta: dict) 
     path = Path(path)
     entries, arrays = [], {}
     for i, (kwargs, probe) in enumerate(runs):
-        entries.append({"args": dict(zip(_DEFAULTS, run_key(kwargs), strict=True)), "fmt": probe.fmt,
+        entries.append({"args": dict(run_key(**kwargs)), "fmt": probe.fmt,
                         "steps": len(probe.steps)})
         arrays[f"r{i}.loss"] = probe.loss
         for s, rec in enumerate(probe.steps):
@@ -75,7 +72,7 @@ def load_train_probes(path) -> dict[tuple, TrainingProbe]:
             LayerGradients.from_arrays(e["fmt"], {k.split(".", 2)[2]: v for k, v in arrays.items()
                                                   if k.startswith(f"r{i}.s{s}.")})
             for s in range(e["steps"]))
-        out[run_key(e["args"])] = TrainingProbe(e["fmt"], float(e["args"]["attenuation"]),
+        out[run_key(**e["args"])] = TrainingProbe(e["fmt"], float(e["args"]["attenuation"]),
                                              arrays[f"r{i}.loss"], steps)
     return out
 
@@ -94,14 +91,24 @@ def stored_train_probes() -> dict[tuple, TrainingProbe]:
 
 def train_probe(*args, **kwargs) -> TrainingProbe:
     """underflow.train_probe(*args, **kwargs): the stored run where data/ holds these arguments, else run now."""
-    bound = inspect.signature(run_train_probe).bind(*args, **kwargs).arguments  # TypeError if bad
-    stored = stored_train_probes().get(run_key(bound))
-    return stored if stored is not None else run_train_probe(*args, **kwargs)
+    stored = stored_train_probes().get(run_key(*args, **kwargs))  # bad arguments raise here
+    # a copy: a reader who edits one run's arrays changes neither the stored run nor later calls
+    return copy.deepcopy(stored) if stored is not None else run_train_probe(*args, **kwargs)
 
 
 def same_probe(a: TrainingProbe, b: TrainingProbe, steps: int | None = None) -> bool:
-    """The same format and attenuation, and the first `steps` (default all) losses and steps bit for bit."""
-    n = len(a.steps) if steps is None else steps
-    return (a.fmt, a.attenuation) == (b.fmt, b.attenuation) and len(a.steps) >= n \
-        and len(b.steps) >= n and a.loss[:n].tobytes() == b.loss[:n].tobytes() \
+    """The same format and attenuation, and every loss and step bit for bit: all of them (the
+    same count) with steps=None, else the first `steps` (>= 1) of each."""
+    if steps is not None and (isinstance(steps, bool) or int(steps) != steps or steps < 1):
+        raise ValueError(f"steps must be None or a positive integer; got steps={steps!r}")
+    if steps is None:
+        if len(a.steps) != len(b.steps) or a.loss.shape != b.loss.shape:
+            return False
+        n = len(a.steps)
+    else:
+        n = int(steps)
+        if min(len(a.steps), len(b.steps), a.loss.size, b.loss.size) < n:
+            return False
+    return (a.fmt, a.attenuation) == (b.fmt, b.attenuation) and a.loss.dtype == b.loss.dtype \
+        and a.loss.ndim == b.loss.ndim == 1 and a.loss[:n].tobytes() == b.loss[:n].tobytes() \
         and all(x.same_bits(y) for x, y in zip(a.steps[:n], b.steps[:n], strict=True))

@@ -15,8 +15,9 @@ def randn(*shape: int, generator: torch.Generator, dtype: torch.dtype = torch.fl
     """N(0, 1) samples sqrt(-2 ln U1) cos(2 pi U2), U1, U2 ~ U(0, 1] from torch.rand in float64."""
     # Exactly two uniforms per sample (no rejection), so a draw's place in the stream never
     # depends on earlier draws. torch.randn's float32 path uses vectorised approximations of log
-    # and cos whose bits depend on the CPU's instruction set; this one uses log64 and cos2pi64
-    # only, so a seed gives the same samples on every machine.
+    # and cos whose bits depend on the CPU's instruction set; this one uses log64, cos2pi64 and
+    # sqrt64 only (torch.sqrt is MKL's, see elementary), so a seed gives the same samples on
+    # every machine.
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator; got generator={generator!r}")
     if dtype not in (torch.float32, torch.float64):
